@@ -1,0 +1,121 @@
+"""Reading the user's config safely: plain containers, typed fields, rank lists.
+
+Configs arrive as OmegaConf ``DictConfig`` (Hydra), plain dicts, or anything with attribute access.
+These helpers turn them into plain Python values and check each field's type, so a wrong type is
+a ``PlacementError`` that names the config path instead of an ``AttributeError`` deep inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlinfra.placement.errors import PlacementError
+from rlinfra.placement.grammar import parse_rank_range
+
+
+def to_plain(value: Any) -> Any:
+    """Resolve OmegaConf containers into dicts and lists; leave everything else as it is."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def cluster_section(cfg: Any) -> dict[str, Any]:
+    """The ``cluster`` section of a full config, as a plain dict."""
+    plain = to_plain(cfg)
+    if isinstance(plain, Mapping):
+        section = plain.get("cluster")
+    else:
+        section = to_plain(getattr(cfg, "cluster", None))
+    if not isinstance(section, Mapping):
+        raise PlacementError(
+            "the config has no 'cluster' section",
+            where="cfg.cluster",
+            expected="a mapping with num_nodes and component_placement",
+        )
+    return dict(section)
+
+
+def as_mapping(cluster_cfg: Any, where: str = "cluster") -> dict[str, Any]:
+    """A config section as a plain dict, or a ``PlacementError`` naming it."""
+    plain = to_plain(cluster_cfg)
+    if not isinstance(plain, Mapping):
+        raise PlacementError(
+            f"expected a mapping, got {type(plain).__name__}", where=where, expected="a YAML mapping"
+        )
+    return dict(plain)
+
+
+def require_int(value: Any, where: str, minimum: int = 0) -> int:
+    """An integer field (bools are not integers here), at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlacementError(
+            f"expected an integer, got {value!r}", where=where, expected=f"an integer >= {minimum}"
+        )
+    if value < minimum:
+        raise PlacementError(f"{value} is too small", where=where, expected=f"an integer >= {minimum}")
+    return value
+
+
+def require_str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise PlacementError(f"expected a non-empty string, got {value!r}", where=where)
+    return value.strip()
+
+
+def reject_unknown_keys(section: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    """Typos in field names would otherwise be silently ignored; name them instead."""
+    unknown = [key for key in section if key not in allowed]
+    if unknown:
+        raise PlacementError(
+            f"unknown field {unknown[0]!r}",
+            where=where,
+            expected="one of " + ", ".join(repr(a) for a in allowed),
+        )
+
+
+def parse_rank_list(value: Any, where: str) -> list[int]:
+    """Node ranks written as an int, a string like ``'0-3,6'``, or a YAML list of either.
+
+    Returns the ranks in the order written; duplicates are an error.
+    """
+    if isinstance(value, bool) or value is None:
+        raise PlacementError(
+            f"expected node ranks, got {value!r}",
+            where=where,
+            expected="an int, a range string such as '0-3,6', or a list of them",
+        )
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise PlacementError("the list of ranks is empty", where=where, expected="at least one rank")
+    ranks: list[int] = []
+    for index, item in enumerate(items):
+        item_where = f"{where}[{index}]" if isinstance(value, (list, tuple)) else where
+        if isinstance(item, int) and not isinstance(item, bool):
+            ranks.append(require_int(item, item_where))
+            continue
+        if not isinstance(item, str):
+            raise PlacementError(
+                f"expected a rank or a range string, got {item!r}",
+                where=item_where,
+                expected="an int or a string such as '0-3'",
+            )
+        offset = 0
+        for part in item.split(","):
+            rank_range = parse_rank_range(item, part, offset, item_where, what="node ranks")
+            ranks.extend(range(rank_range.first, rank_range.last + 1))
+            offset += len(part) + 1
+    seen: set[int] = set()
+    for rank in ranks:
+        if rank in seen:
+            raise PlacementError(
+                f"node rank {rank} is listed twice",
+                where=where,
+                text=str(value),
+                expected="each node rank once",
+            )
+        seen.add(rank)
+    return ranks

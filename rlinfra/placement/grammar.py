@@ -1,0 +1,128 @@
+"""The placement-string grammar, and nothing else.
+
+::
+
+    placement := segment ("," segment)*
+    segment   := resources [":" processes]
+    resources := range | "all"
+    processes := range
+    range     := INT | INT "-" INT          (inclusive, a <= b)
+
+Whitespace around tokens is allowed. This module knows no cluster: it turns text into
+``Segment`` records that remember where each part came from, so later stages can put a caret
+under the exact characters they reject.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rlinfra.placement.errors import PlacementError, Span
+
+ALL = "all"
+
+_RANGE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$")
+
+
+@dataclass(frozen=True)
+class RankRange:
+    """An inclusive range ``first..last`` of ranks written by the user at ``span``."""
+
+    first: int
+    last: int
+    span: Span
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One ``resources[:processes]`` entry. ``resources`` is None for ``all``."""
+
+    resources: RankRange | None
+    processes: RankRange | None
+    resources_span: Span
+    span: Span
+
+
+def parse_placement(text: str, where: str) -> list[Segment]:
+    """Parse ``text`` into segments; raise ``PlacementError`` (naming ``where``) on any bad token."""
+    if not text.strip():
+        raise PlacementError(
+            "the placement string is empty",
+            where=where,
+            text=text,
+            span=Span(0, len(text)),
+            expected="resource ranks such as '0-7' or 'all', optionally ':process ranks'",
+        )
+    segments: list[Segment] = []
+    offset = 0
+    for raw in text.split(","):
+        segments.append(_parse_segment(text, raw, offset, where))
+        offset += len(raw) + 1
+    return segments
+
+
+def _parse_segment(text: str, raw: str, offset: int, where: str) -> Segment:
+    span = _trimmed_span(raw, offset)
+    if span.start == span.end:
+        raise PlacementError(
+            "empty segment (two commas in a row, or a comma at an end)",
+            where=where,
+            text=text,
+            span=Span(offset, offset + max(1, len(raw))),
+            expected="a segment 'resources[:processes]' between commas",
+        )
+    resource_part, colon, process_part = raw.partition(":")
+    resources_span = _trimmed_span(resource_part, offset)
+    if resource_part.strip().lower() == ALL:
+        resources = None
+    else:
+        resources = parse_rank_range(text, resource_part, offset, where, what="resource ranks")
+    processes = None
+    if colon:
+        process_offset = offset + len(resource_part) + 1
+        if process_part.strip().lower() == ALL:
+            raise PlacementError(
+                "'all' is only allowed for resource ranks",
+                where=where,
+                text=text,
+                span=_trimmed_span(process_part, process_offset),
+                expected="process ranks as a number or a range such as '0-7'",
+            )
+        processes = parse_rank_range(text, process_part, process_offset, where, what="process ranks")
+    return Segment(resources, processes, resources_span, span)
+
+
+def parse_rank_range(text: str, part: str, offset: int, where: str, what: str) -> RankRange:
+    """Read one `a` or `a-b` range from `part`, which starts at `offset` inside `text`."""
+    span = _trimmed_span(part, offset)
+    match = _RANGE.match(part)
+    if match is None:
+        hint = "'all', " if what == "resource ranks" else ""
+        raise PlacementError(
+            f"cannot read {what} {part.strip()!r}" if part.strip() else f"missing {what}",
+            where=where,
+            text=text,
+            span=span if span.end > span.start else Span(offset, offset + 1),
+            expected=f"{hint}a non-negative integer 'a' or an inclusive range 'a-b' with a <= b",
+        )
+    first = int(match.group(1))
+    last = int(match.group(2)) if match.group(2) is not None else first
+    if last < first:
+        raise PlacementError(
+            f"{what} range {part.strip()!r} runs backwards",
+            where=where,
+            text=text,
+            span=span,
+            expected=f"an inclusive range 'a-b' with a <= b (did you mean '{last}-{first}'?)",
+        )
+    return RankRange(first, last, span)
+
+
+def _trimmed_span(part: str, offset: int) -> Span:
+    stripped_left = len(part) - len(part.lstrip())
+    return Span(offset + stripped_left, offset + len(part.rstrip()))
