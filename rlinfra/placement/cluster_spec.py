@@ -22,6 +22,7 @@ from rlinfra.placement.config_access import (
     to_plain,
 )
 from rlinfra.placement.errors import PlacementError, Span, short_ranks
+from rlinfra.placement.grammar import bounded_int
 from rlinfra.placement.resources import NODE_KIND, ResourcePool, build_pool
 
 CLUSTER_GROUP = "cluster"
@@ -101,6 +102,12 @@ class ClusterSpec:
         ``accelerators_per_node`` accelerators (one int for all, or one count per node)."""
         section = as_mapping(cluster_cfg)
         num_nodes = require_int(section.get("num_nodes"), "cluster.num_nodes", minimum=1)
+        if num_nodes > MAX_NODES:
+            raise PlacementError(
+                f"{num_nodes:,} nodes is too many",
+                where="cluster.num_nodes",
+                expected=f"at most {MAX_NODES:,} nodes",
+            )
         counts = _accelerator_counts(accelerators_per_node, num_nodes)
         nodes = tuple(NodeSpec(rank, count, accelerator_type) for rank, count in enumerate(counts))
         return cls.build(nodes, section)
@@ -188,6 +195,12 @@ class ClusterSpec:
 def _accelerator_counts(accelerators_per_node: int | Sequence[int], num_nodes: int) -> list[int]:
     if isinstance(accelerators_per_node, int) and not isinstance(accelerators_per_node, bool):
         return [require_int(accelerators_per_node, "accelerators per node")] * num_nodes
+    if not isinstance(accelerators_per_node, (list, tuple)):
+        raise PlacementError(
+            f"expected an int or a list of ints, got {accelerators_per_node!r}",
+            where="accelerators per node",
+            expected="one int for all nodes, or one count per node",
+        )
     counts = [require_int(count, "accelerators per node") for count in accelerators_per_node]
     if len(counts) != num_nodes:
         raise PlacementError(
@@ -198,10 +211,18 @@ def _accelerator_counts(accelerators_per_node: int | Sequence[int], num_nodes: i
     return counts
 
 
+def _label_text(value: Any, where: str) -> str:
+    """A node group label. YAML reads ``label: 4090`` (the seed's own example) as an int, so
+    integers are labels too, spelt as written."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return require_str(value, where)
+
+
 def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
     section = as_mapping(raw, where)
     reject_unknown_keys(section, _GROUP_FIELDS, where)
-    label = require_str(section.get("label"), f"{where}.label")
+    label = _label_text(section.get("label"), f"{where}.label")
     if "," in label:
         raise PlacementError(
             f"node group label {label!r} contains a comma",
@@ -210,28 +231,17 @@ def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
         )
     if "node_ranks" not in section:
         raise PlacementError("missing 'node_ranks'", where=where, expected="node_ranks such as '0-1'")
-    node_ranks = _checked_node_ranks(section["node_ranks"], f"{where}.node_ranks", num_nodes)
+    node_ranks = tuple(sorted(parse_rank_list(section["node_ranks"], f"{where}.node_ranks", num_nodes)))
     ignore_hardware = section.get("ignore_hardware", False)
     if not isinstance(ignore_hardware, bool):
         raise PlacementError(
             f"expected true or false, got {ignore_hardware!r}", where=f"{where}.ignore_hardware"
         )
     hardware_type, hardware = _parse_hardware(section.get("hardware"), f"{where}.hardware", node_ranks)
-    env_configs = _parse_env_configs(section.get("env_configs"), f"{where}.env_configs", node_ranks)
+    env_configs = _parse_env_configs(
+        section.get("env_configs"), f"{where}.env_configs", node_ranks, num_nodes
+    )
     return NodeGroup(label, node_ranks, hardware_type, hardware, env_configs, ignore_hardware)
-
-
-def _checked_node_ranks(value: Any, where: str, num_nodes: int) -> tuple[int, ...]:
-    ranks = parse_rank_list(value, where)
-    outside = [rank for rank in ranks if rank >= num_nodes]
-    if outside:
-        raise PlacementError(
-            f"node rank {outside[0]} does not exist",
-            where=where,
-            text=str(value),
-            expected=f"node ranks within 0-{num_nodes - 1} (cluster.num_nodes is {num_nodes})",
-        )
-    return tuple(sorted(ranks))
 
 
 def _parse_hardware(
@@ -274,7 +284,9 @@ def _parse_hardware(
     return hardware_type, units
 
 
-def _parse_env_configs(raw: Any, where: str, node_ranks: tuple[int, ...]) -> tuple[EnvConfig, ...]:
+def _parse_env_configs(
+    raw: Any, where: str, node_ranks: tuple[int, ...], num_nodes: int
+) -> tuple[EnvConfig, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -286,7 +298,9 @@ def _parse_env_configs(raw: Any, where: str, node_ranks: tuple[int, ...]) -> tup
         section = as_mapping(entry, entry_where)
         reject_unknown_keys(section, _ENV_FIELDS, entry_where)
         ranks = tuple(
-            parse_rank_list(section.get("node_ranks", list(node_ranks)), f"{entry_where}.node_ranks")
+            parse_rank_list(
+                section.get("node_ranks", list(node_ranks)), f"{entry_where}.node_ranks", num_nodes
+            )
         )
         stray = [rank for rank in ranks if rank not in members]
         if stray:
@@ -339,12 +353,18 @@ def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:
         text = str(spec)
         uniform = _UNIFORM_SPEC.fullmatch(text)
         if uniform:
-            counts = [int(uniform.group(2))] * min(int(uniform.group(1)), MAX_NODES + 1)
+            num_nodes, per_node = bounded_int(uniform.group(1)), bounded_int(uniform.group(2))
+            if per_node is None:
+                raise PlacementError(
+                    "the accelerator count is too large", where=where, text=text, expected=expected
+                )
+            counts = [per_node] * (MAX_NODES + 1 if num_nodes is None else min(num_nodes, MAX_NODES + 1))
         else:
             counts = []
             offset = 0
             for part in text.split(","):
-                if not _COUNT.fullmatch(part):
+                count = bounded_int(part) if _COUNT.fullmatch(part) else None
+                if count is None:
                     start = offset + len(part) - len(part.lstrip())
                     raise PlacementError(
                         f"cannot read {part.strip()!r} as an accelerator count",
@@ -353,7 +373,7 @@ def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:
                         span=Span(start, max(start + 1, offset + len(part.rstrip()))),
                         expected=expected,
                     )
-                counts.append(int(part))
+                counts.append(count)
                 offset += len(part) + 1
     if not counts or len(counts) > MAX_NODES:
         raise PlacementError(

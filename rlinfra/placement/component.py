@@ -147,11 +147,14 @@ def _placement_text(value: Any, where: str) -> str:
 
 
 def _node_group_labels(value: Any, where: str, spec: ClusterSpec) -> tuple[str, ...]:
-    """``node_group`` as one label, a comma-separated string, or a YAML list of labels."""
-    if isinstance(value, str):
+    """``node_group`` as one label, a comma-separated string, or a YAML list of labels (YAML reads
+    ``node_group: 4090`` as an int, so integers are labels too)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        labels = [str(value)]
+    elif isinstance(value, str):
         labels = [label.strip() for label in value.split(",")]
     elif isinstance(value, (list, tuple)) and value:
-        labels = [label.strip() if isinstance(label, str) else label for label in value]
+        labels = [_as_label(label) for label in value]
     else:
         raise PlacementError(
             f"expected node group label(s), got {value!r}",
@@ -174,3 +177,9 @@ def _node_group_labels(value: Any, where: str, spec: ClusterSpec) -> tuple[str, 
     if len(set(labels)) != len(labels):
         raise PlacementError(f"a node group is listed twice in {value!r}", where=where)
     return tuple(labels)
+
+
+def _as_label(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value.strip() if isinstance(value, str) else value

@@ -11,15 +11,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.grammar import parse_rank_range
 
 
 def to_plain(value: Any) -> Any:
-    """Resolve OmegaConf containers into dicts and lists; leave everything else as it is."""
+    """Resolve OmegaConf containers into dicts and lists; leave everything else as it is.
+
+    A broken interpolation (``${missing}``, an unset ``${oc.env:X}``) is bad input like any other,
+    so it becomes a ``PlacementError`` naming the key rather than OmegaConf's own exception.
+    """
     if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
+        try:
+            return OmegaConf.to_container(value, resolve=True)
+        except OmegaConfBaseException as error:
+            problem = str(error.msg).splitlines()[0] if error.msg else type(error).__name__
+            raise PlacementError(
+                f"cannot resolve the config: {problem}",
+                where=error.full_key or "config",
+                expected="interpolations (${...}) that resolve",
+            ) from None
     return value
 
 
@@ -77,10 +90,13 @@ def reject_unknown_keys(section: Mapping[str, Any], allowed: tuple[str, ...], wh
         )
 
 
-def parse_rank_list(value: Any, where: str) -> list[int]:
+def parse_rank_list(value: Any, where: str, num_nodes: int) -> list[int]:
     """Node ranks written as an int, a string like ``'0-3,6'``, or a YAML list of either.
 
-    Returns the ranks in the order written; duplicates are an error.
+    Returns the ranks in the order written; duplicates are an error, and so is a rank of
+    ``num_nodes`` or more — checked before a range is expanded, so that a typo such as
+    ``0-100000000000`` is an error rather than a hang. Messages name the list item, never echo
+    the whole list (a 4,000-node list would bury the problem).
     """
     if isinstance(value, bool) or value is None:
         raise PlacementError(
@@ -91,11 +107,14 @@ def parse_rank_list(value: Any, where: str) -> list[int]:
     items = value if isinstance(value, (list, tuple)) else [value]
     if not items:
         raise PlacementError("the list of ranks is empty", where=where, expected="at least one rank")
+    within = f"node ranks within 0-{num_nodes - 1} (cluster.num_nodes is {num_nodes})"
     ranks: list[int] = []
     for index, item in enumerate(items):
         item_where = f"{where}[{index}]" if isinstance(value, (list, tuple)) else where
         if isinstance(item, int) and not isinstance(item, bool):
-            ranks.append(require_int(item, item_where))
+            if require_int(item, item_where) >= num_nodes:
+                raise PlacementError(f"node rank {item} does not exist", where=item_where, expected=within)
+            ranks.append(item)
             continue
         if not isinstance(item, str):
             raise PlacementError(
@@ -106,6 +125,14 @@ def parse_rank_list(value: Any, where: str) -> list[int]:
         offset = 0
         for part in item.split(","):
             rank_range = parse_rank_range(item, part, offset, item_where, what="node ranks")
+            if rank_range.last >= num_nodes:
+                raise PlacementError(
+                    f"node rank {rank_range.last} does not exist",
+                    where=item_where,
+                    text=item,
+                    span=rank_range.span,
+                    expected=within,
+                )
             ranks.extend(range(rank_range.first, rank_range.last + 1))
             offset += len(part) + 1
     seen: set[int] = set()
@@ -114,7 +141,7 @@ def parse_rank_list(value: Any, where: str) -> list[int]:
             raise PlacementError(
                 f"node rank {rank} is listed twice",
                 where=where,
-                text=str(value),
+                text=value if isinstance(value, str) else None,
                 expected="each node rank once",
             )
         seen.add(rank)

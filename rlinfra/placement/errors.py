@@ -48,7 +48,10 @@ class PlacementError(ValueError):
         lines = [head]
         if self.text is not None:
             label = "  in: "
-            lines.append(f"{label}{self.text}")
+            # Tabs, newlines and other control characters would break the line or shift the caret
+            # off the characters it marks; one space each keeps every column where it was.
+            shown = "".join(char if char.isprintable() else " " for char in self.text)
+            lines.append(f"{label}{shown}")
             if self.span is not None:
                 width = max(1, self.span.end - self.span.start)
                 lines.append(" " * (len(label) + self.span.start) + "^" * width)

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from rlinfra.placement.errors import PlacementError, Span
 
 ALL = "all"
+# Far beyond any cluster, and far below the 4,300 digits past which ``int()`` raises a bare
+# ValueError (CPython's guard against quadratic conversions).
+MAX_DIGITS = 18
 
 _RANGE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$")
 
@@ -110,8 +113,16 @@ def parse_rank_range(text: str, part: str, offset: int, where: str, what: str) -
             span=span if span.end > span.start else Span(offset, offset + 1),
             expected=f"{hint}a non-negative integer 'a' or an inclusive range 'a-b' with a <= b",
         )
-    first = int(match.group(1))
-    last = int(match.group(2)) if match.group(2) is not None else first
+    first = bounded_int(match.group(1))
+    last = bounded_int(match.group(2)) if match.group(2) is not None else first
+    if first is None or last is None:
+        raise PlacementError(
+            f"{what} {part.strip()!r} is too large",
+            where=where,
+            text=text,
+            span=span,
+            expected=f"numbers of at most {MAX_DIGITS} digits",
+        )
     if last < first:
         raise PlacementError(
             f"{what} range {part.strip()!r} runs backwards",
@@ -123,6 +134,16 @@ def parse_rank_range(text: str, part: str, offset: int, where: str, what: str) -
     return RankRange(first, last, span)
 
 
+def bounded_int(digits: str) -> int | None:
+    """``int(digits)`` for a string of ASCII digits, or None when it has more than ``MAX_DIGITS``
+    significant digits (so absurd input is a ``PlacementError``, not Python's digit-limit error)."""
+    significant = digits.strip().lstrip("0")
+    if len(significant) > MAX_DIGITS:
+        return None
+    return int(significant or "0")
+
+
 def _trimmed_span(part: str, offset: int) -> Span:
-    stripped_left = len(part) - len(part.lstrip())
-    return Span(offset + stripped_left, offset + len(part.rstrip()))
+    """The span of ``part`` without surrounding whitespace; empty (not inverted) if it is blank."""
+    end = offset + len(part.rstrip())
+    return Span(min(offset + len(part) - len(part.lstrip()), end), end)

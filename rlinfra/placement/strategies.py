@@ -38,10 +38,14 @@ def as_cluster_spec(cluster: Any) -> ClusterSpec:
 
 
 def _labels(node_group: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(node_group, int) and not isinstance(node_group, bool):
+        node_group = str(node_group)
     if isinstance(node_group, str):
         labels = tuple(label.strip() for label in node_group.split(","))
-    else:
+    elif isinstance(node_group, (list, tuple)):
         labels = tuple(str(label).strip() for label in node_group)
+    else:
+        raise PlacementError(f"bad node group {node_group!r}", expected="a label or a list of labels")
     if not labels or any(not label for label in labels):
         raise PlacementError(f"bad node group {node_group!r}", expected="one or more labels")
     return labels
@@ -113,14 +117,16 @@ class FlexiblePlacementStrategy(PlacementStrategy):
 
 
 def _checked_ranks_list(hardware_ranks_list: Sequence[Sequence[int]], where: str) -> list[tuple[int, ...]]:
-    if not hardware_ranks_list:
-        raise PlacementError("no processes", where=where, expected="at least one list of ranks")
+    if not _is_sequence(hardware_ranks_list) or not hardware_ranks_list:
+        raise PlacementError(
+            f"no processes in {hardware_ranks_list!r}", where=where, expected="at least one list of ranks"
+        )
     ranks_list: list[tuple[int, ...]] = []
-    for index, ranks in enumerate(hardware_ranks_list):
-        ranks = tuple(ranks)
+    for index, raw in enumerate(hardware_ranks_list):
+        ranks = tuple(raw) if _is_sequence(raw) else ()
         if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
             raise PlacementError(
-                f"process {index} has resource ranks {list(ranks)!r}",
+                f"process {index} has resource ranks {raw!r}",
                 where=where,
                 expected="a non-empty list of non-negative ints per process",
             )
@@ -132,6 +138,11 @@ def _checked_ranks_list(hardware_ranks_list: Sequence[Sequence[int]], where: str
             )
         ranks_list.append(ranks)
     return ranks_list
+
+
+def _is_sequence(value: object) -> bool:
+    """A list-like of ranks (a string is a sequence too, but never one of ranks)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 class NodePlacementStrategy(FlexiblePlacementStrategy):
@@ -146,6 +157,8 @@ class NodePlacementStrategy(FlexiblePlacementStrategy):
         node_group: str | Sequence[str] = NODE_GROUP,
         where: str = "NodePlacementStrategy",
     ) -> None:
+        if not _is_sequence(node_ranks):
+            raise PlacementError(f"node ranks {node_ranks!r}", where=where, expected="a list of node ranks")
         super().__init__([(rank,) for rank in node_ranks], node_group, where)
 
 

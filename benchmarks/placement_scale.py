@@ -1,0 +1,96 @@
+"""How placement resolution scales with the cluster.
+
+Resolves ``actor,rollout: all`` (one process per accelerator, two components sharing a strategy)
+plus ``env`` on the reserved ``node`` group (one process per node) on N nodes x 8 accelerators,
+for N in 10, 100, 1,000, 4,000. Figures, best of ``--repeat`` runs each:
+
+* ``ms``: config -> ``ComponentPlacement`` with every ``Placement`` record built;
+* ``vs_floor``: that time divided by the time to build the same number of bare 11-field tuples
+  (the floor any Python engine pays for its output), measured in the same run;
+* ``growth``: time(N) / time(previous N) divided by the node ratio — 1.0 is exactly linear.
+
+Goal (issue 2): 1,000 x 8 under 50 ms, growth ≈ 1 (RLinf 0.3.0 takes about 20 s at 1,000 x 8).
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from rlinfra.placement import ClusterSpec, ComponentPlacement
+
+NODE_COUNTS = (10, 100, 1000, 4000)
+ACCELERATORS = 8
+
+
+def resolve_once(num_nodes: int) -> tuple[float, int]:
+    cfg = {
+        "cluster": {
+            "num_nodes": num_nodes,
+            "component_placement": {
+                "actor,rollout": "all",
+                "env": {"node_group": "node", "placement": "all"},
+            },
+        }
+    }
+    start = time.perf_counter()
+    spec = ClusterSpec.from_config(cfg["cluster"], ACCELERATORS)
+    placement = ComponentPlacement(cfg, spec)
+    elapsed = time.perf_counter() - start
+    records = sum(len(placement.get_placements(name)) for name in ("actor", "env"))
+    return elapsed, records
+
+
+def floor_once(records: int) -> float:
+    """Time to allocate ``records`` bare tuples shaped like a Placement."""
+    start = time.perf_counter()
+    rows = [(i, records, i, 0, i, 8, "GPU", (i,), (i % 8,), str(i % 8), "cluster") for i in range(records)]
+    elapsed = time.perf_counter() - start
+    assert len(rows) == records
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="runs per size; the best is kept")
+    args = parser.parse_args()
+
+    results = []
+    previous: dict | None = None
+    print(f"{'nodes':>6} {'processes':>10} {'ms':>9} {'floor ms':>9} {'vs_floor':>9} {'growth':>7}")
+    for num_nodes in NODE_COUNTS:
+        best, records = min(resolve_once(num_nodes) for _ in range(args.repeat))
+        floor = min(floor_once(records) for _ in range(args.repeat))
+        row = {
+            "nodes": num_nodes,
+            "processes": records,
+            "ms": round(best * 1000, 2),
+            "floor_ms": round(floor * 1000, 2),
+            "vs_floor": round(best / floor, 2),
+            "growth": None,
+        }
+        if previous is not None:
+            row["growth"] = round((best / previous["seconds"]) / (num_nodes / previous["nodes"]), 2)
+        growth = "" if row["growth"] is None else f"{row['growth']:.2f}"
+        print(
+            f"{num_nodes:>6} {records:>10} {row['ms']:>9.2f} {row['floor_ms']:>9.2f} "
+            f"{row['vs_floor']:>9.2f} {growth:>7}"
+        )
+        previous = {"seconds": best, "nodes": num_nodes}
+        results.append(row)
+    at_1000 = next(r for r in results if r["nodes"] == 1000)
+    summary = {
+        "benchmark": "placement_scale",
+        "accelerators_per_node": ACCELERATORS,
+        "rows": results,
+        "ms_at_1000x8": at_1000["ms"],
+        "goal_ms_at_1000x8": 50,
+        "max_growth": max(r["growth"] for r in results if r["growth"] is not None),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The ``rlinfra`` command line: thin typer commands over the library's layers."""

@@ -1,0 +1,115 @@
+"""Who sits where: the node × device occupancy of a plan, as plain data for the map view.
+
+For each node shown, the map says which processes of which component use each accelerator,
+the node as a whole (components on the reserved ``node`` group or on accelerator-less groups),
+and each custom hardware unit. It is built in one pass over the placements, skipping nodes
+beyond the display limit, so a 1,000-node plan costs milliseconds and memory for 32 rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinfra.placement import CLUSTER_GROUP, NODE_GROUP, ClusterSpec, ComponentPlacement
+
+# component name -> its process ranks on one slot, ascending
+Occupants = dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class HardwareSlot:
+    """One custom hardware unit of a node, e.g. the node's second robot."""
+
+    group: str
+    type: str
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}{self.index}"
+
+
+@dataclass
+class NodeRow:
+    """Occupancy of one node. ``accelerators[i]`` holds the processes on local accelerator ``i``."""
+
+    rank: int
+    groups: tuple[str, ...]
+    accelerators: list[Occupants]
+    whole_node: Occupants = field(default_factory=dict)
+    hardware: dict[HardwareSlot, Occupants] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """The rows to draw, plus what the columns need to know about the whole map."""
+
+    rows: list[NodeRow]
+    total_nodes: int
+    max_accelerators: int
+    accelerator_type: str
+    has_whole_node: bool
+    has_hardware: bool
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.rows) < self.total_nodes
+
+
+def build_device_map(
+    spec: ClusterSpec, placement: ComponentPlacement, node_limit: int | None = None
+) -> DeviceMap:
+    """Occupancy of nodes ``0..node_limit-1`` (all nodes when ``node_limit`` is None)."""
+    shown = spec.num_nodes if node_limit is None else min(node_limit, spec.num_nodes)
+    rows = _empty_rows(spec, shown)
+    has_whole_node = False
+    for name in placement.components:
+        pool = spec.resources(placement.get_node_groups(name))
+        has_whole_node = has_whole_node or pool.is_node
+        for record in placement.get_placements(name):
+            if record.cluster_node_rank >= shown:
+                continue
+            row = rows[record.cluster_node_rank]
+            if pool.is_node:
+                row.whole_node.setdefault(name, []).append(record.rank)
+            elif pool.is_accelerator:
+                for device in record.local_hardware_ranks:
+                    row.accelerators[device].setdefault(name, []).append(record.rank)
+            else:
+                unit = HardwareSlot(
+                    record.node_group_label, record.hardware_type, record.local_hardware_ranks[0]
+                )
+                row.hardware.setdefault(unit, {}).setdefault(name, []).append(record.rank)
+    accelerated = [node for node in spec.nodes[:shown] if node.num_accelerators]
+    return DeviceMap(
+        rows=rows,
+        total_nodes=spec.num_nodes,
+        max_accelerators=max((node.num_accelerators for node in accelerated), default=0),
+        accelerator_type=accelerated[0].accelerator_type if accelerated else "GPU",
+        has_whole_node=has_whole_node,
+        has_hardware=any(row.hardware for row in rows),
+    )
+
+
+def _empty_rows(spec: ClusterSpec, shown: int) -> list[NodeRow]:
+    """One row per shown node, with every hardware unit listed (idle units are worth seeing)."""
+    labels: dict[int, list[str]] = {}
+    units: dict[int, list[HardwareSlot]] = {}
+    for group in spec.node_groups.values():
+        if group.label in (CLUSTER_GROUP, NODE_GROUP):
+            continue
+        for rank in group.node_ranks:
+            if rank < shown:
+                labels.setdefault(rank, []).append(group.label)
+        for unit in group.hardware:
+            if unit.node_rank < shown:
+                units.setdefault(unit.node_rank, []).append(HardwareSlot(group.label, unit.type, unit.index))
+    return [
+        NodeRow(
+            rank=node.rank,
+            groups=tuple(labels.get(node.rank, ())),
+            accelerators=[{} for _ in range(node.num_accelerators)],
+            hardware={unit: {} for unit in units.get(node.rank, ())},
+        )
+        for node in spec.nodes[:shown]
+    ]

@@ -1,0 +1,36 @@
+"""The ``rlinfra`` command: one typer app, one module per subcommand.
+
+``app`` has a root callback so that typer keeps it a command group even while ``plan`` is the
+only subcommand; ``run``, ``job`` and ``slurm`` register here the same way as ``plan``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from rlinfra.cli.plan import plan
+
+app = typer.Typer(
+    name="rlinfra",
+    no_args_is_help=True,
+    add_completion=False,
+    # A real bug should show its traceback, but not the locals of frames holding 8,000 placements.
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def cli() -> None:
+    """rlinfra: placement, launch, ordering and visible errors for RL systems on Ray."""
+
+
+app.command("plan")(plan)
+
+
+def main() -> None:
+    """Console-script entry point (``rlinfra = rlinfra.cli.main:main``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

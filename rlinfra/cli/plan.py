@@ -1,0 +1,125 @@
+"""``rlinfra plan``: show where every process of a config would run, without a cluster.
+
+The command only wires things together: load the config, decide how many accelerators each node
+has (``--nodes``, else ``cluster.simulate``, else 8 per node), build the same ``ClusterSpec`` and
+``ComponentPlacement`` a live launch would, and hand them to the view. User mistakes (config,
+placement, ``--nodes``) exit with status 2 and a message; anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.plan_view import make_console, plan_to_dict, render_plan, save_map_svg
+from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
+from rlinfra.placement.cluster_spec import parse_nodes_spec
+from rlinfra.placement.config_access import to_plain
+
+USAGE_ERROR = 2
+DEFAULT_ACCELERATORS = 8
+
+
+def plan(
+    config: Annotated[
+        Path, typer.Argument(metavar="CONFIG", help="YAML config with a cluster section.", show_default=False)
+    ],
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes",
+            metavar="SPEC",
+            help="Accelerators per node: 'NxG' (e.g. 2x8) or per-node counts (e.g. 8,8,4,0). "
+            "Default: cluster.simulate, else 8 per node.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+    svg: Annotated[
+        Path | None,
+        typer.Option(
+            "--svg", metavar="FILE", help="Also write the node × device map as SVG.", dir_okay=False
+        ),
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Show every rank and every node (no truncation).")
+    ] = False,
+) -> None:
+    """Show where every process would run: a table per strategy and a node × device map.
+
+    Resolves the config exactly as a launch would, but on a described cluster instead of a live
+    one, so no Ray is needed. --json prints the plan for other tools instead.
+    """
+    errors = make_console(stderr=True)
+    try:
+        cfg = load_config(config)
+        counts = accelerator_counts(cfg.cluster, nodes, errors)
+        spec = ClusterSpec.from_config(cfg.cluster, counts)
+        placement = ComponentPlacement(cfg, spec)
+    except (ConfigError, PlacementError) as error:
+        fail(errors, error)
+    if svg is not None:
+        # Before any output, so an unwritable path fails cleanly instead of after half a plan.
+        _write_svg(svg, spec, placement, show_all, errors)
+    if as_json:
+        typer.echo(json.dumps(plan_to_dict(spec, placement), indent=2))
+    else:
+        render_plan(make_console(), spec, placement, show_all)
+    if svg is not None:
+        errors.print(f"wrote the node × device map to {svg}", style="dim")
+
+
+def accelerator_counts(cluster: Mapping[str, Any], nodes: str | None, notes: Console) -> int | list[int]:
+    """Accelerators per node from ``--nodes``, else ``cluster.simulate``, else a stated default."""
+    if nodes is not None:
+        counts, source = parse_nodes_spec(nodes, "--nodes"), "--nodes"
+    elif cluster.get("simulate") is not None:
+        counts = parse_nodes_spec(to_plain(cluster.get("simulate")), "cluster.simulate")
+        source = "cluster.simulate"
+    else:
+        notes.print(
+            f"note: neither --nodes nor cluster.simulate is given; assuming {DEFAULT_ACCELERATORS} "
+            "accelerators per node",
+            style="dim",
+        )
+        return DEFAULT_ACCELERATORS
+    _check_node_count(counts, cluster.get("num_nodes"), source)
+    return counts
+
+
+def _check_node_count(counts: list[int], num_nodes: Any, source: str) -> None:
+    """A size mismatch is almost always a wrong file or a typo, so say which numbers disagree.
+    A missing or non-integer ``num_nodes`` is left to the engine, which names the field."""
+    if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) and len(counts) != num_nodes:
+        raise PlacementError(
+            f"{_nodes(len(counts))} given, but cluster.num_nodes is {num_nodes}",
+            where=source,
+            expected=f"exactly {_nodes(num_nodes)}, e.g. '{num_nodes}x8', or change cluster.num_nodes",
+        )
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
+def fail(console: Console, error: Exception) -> NoReturn:
+    """Print a user error without a traceback and exit with the usage-error status."""
+    console.print(Text.assemble(("error: ", "bold red"), str(error)), soft_wrap=True)
+    raise typer.Exit(USAGE_ERROR)
+
+
+def _write_svg(
+    path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool, console: Console
+) -> None:
+    try:
+        save_map_svg(path, spec, placement, show_all)
+    except OSError as error:
+        fail(console, ConfigError(f"{path}: cannot write the SVG: {error.strerror or error}"))

@@ -1,0 +1,234 @@
+"""Showing a resolved plan: rich tables per strategy, the node × device map, JSON, SVG.
+
+Big plans stay readable and fast: tables show the first and last ranks and the map the first
+nodes unless the caller asks for everything, so planning 1,000 nodes does not print 8,000 rows.
+Each component keeps one color everywhere, so a rank in a table can be found on the map.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from rlinfra.cli.device_map import DeviceMap, NodeRow, Occupants, build_device_map
+from rlinfra.placement import ClusterSpec, ComponentPlacement, Placement
+from rlinfra.placement.errors import short_ranks
+
+HEAD_ROWS = 16
+TAIL_ROWS = 4
+MAP_NODES = 32
+MAX_SVG_WIDTH = 400
+
+_PALETTE = (
+    "cyan",
+    "magenta",
+    "green",
+    "yellow",
+    "bright_blue",
+    "red",
+    "bright_magenta",
+    "bright_green",
+    "bright_cyan",
+    "bright_yellow",
+    "bright_red",
+    "blue",
+)
+
+
+def make_console(**options: Any) -> Console:
+    """A console that prints user text literally: labels and paths may contain ``[...]``, which
+    rich would read as markup, and highlighting would recolor numbers, blurring the one color
+    per component that ties tables to the map."""
+    return Console(markup=False, highlight=False, **options)
+
+
+def component_colors(names: Sequence[str]) -> dict[str, str]:
+    """A stable color per component, in config order."""
+    return {name: _PALETTE[index % len(_PALETTE)] for index, name in enumerate(names)}
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """Ranks as runs (``0-100``), two neighbours as ``0,1``; a count once there are more than two."""
+    runs: list[str] = []
+    start = previous = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if previous == start:
+            runs.append(str(start))
+        elif previous == start + 1:
+            runs.append(f"{start},{previous}")
+        else:
+            runs.append(f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    text = ",".join(runs[:3]) + (",…" if len(runs) > 3 else "")
+    return text if len(ranks) <= 2 else f"{text} ({len(ranks)})"
+
+
+def plan_to_dict(spec: ClusterSpec, placement: ComponentPlacement) -> dict[str, Any]:
+    """The machine-readable plan printed by ``rlinfra plan --json`` (a contract other tools read)."""
+    return {
+        "cluster": {"nodes": [node.num_accelerators for node in spec.nodes]},
+        "components": {
+            name: {
+                "world_size": placement.get_world_size(name),
+                "node_groups": list(placement.get_node_groups(name)),
+                "placement": placement.get_placement_text(name),
+                "placements": [record.to_dict() for record in placement.get_placements(name)],
+            }
+            for name in placement.components
+        },
+    }
+
+
+def render_plan(console: Console, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
+    """Header, one table per strategy, then the node × device map."""
+    colors = component_colors(placement.components)
+    console.print(Text.assemble(("Cluster: ", "bold"), spec.describe()))
+    for names in strategy_groups(placement):
+        console.print()
+        console.print(strategy_table(names, placement, colors, show_all))
+    console.print()
+    console.print(map_table(build_device_map(spec, placement, None if show_all else MAP_NODES), colors))
+
+
+def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
+    """Write the map as an SVG picture, sized to fit the map rather than the terminal."""
+    colors = component_colors(placement.components)
+    table = map_table(build_device_map(spec, placement, None if show_all else MAP_NODES), colors)
+    picture = Group(Text.assemble(("Cluster: ", "bold"), spec.describe()), table)
+    width = make_console(width=MAX_SVG_WIDTH, file=io.StringIO()).measure(picture).maximum
+    console = make_console(
+        record=True,
+        file=io.StringIO(),
+        width=max(60, min(width, MAX_SVG_WIDTH)),
+        force_terminal=True,
+        color_system="truecolor",
+    )
+    console.print(picture)
+    console.save_svg(str(path), title=f"rlinfra plan — {spec.describe()}")
+
+
+def strategy_groups(placement: ComponentPlacement) -> list[list[str]]:
+    """Component names grouped by shared strategy (one config key), in config order."""
+    groups: dict[int, list[str]] = {}
+    for name in placement.components:
+        groups.setdefault(id(placement.get_strategy(name)), []).append(name)
+    return list(groups.values())
+
+
+def strategy_table(
+    names: list[str], placement: ComponentPlacement, colors: dict[str, str], show_all: bool
+) -> Table:
+    """Every rank of one strategy (or its first and last ranks when it is big)."""
+    records = placement.get_placements(names[0])
+    title = Text(", ").join(Text(name, style=f"bold {colors[name]}") for name in names)
+    kind = records[0].hardware_type
+    title.append(
+        f" · placement {placement.get_placement_text(names[0])!r} on "
+        f"{', '.join(placement.get_node_groups(names[0]))} · {len(records)} processes ({kind})"
+    )
+    indices = shown_indices(len(records), show_all)
+    caption = None if len(indices) == len(records) else "--all shows every rank"
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        header_style="bold",
+        show_edge=False,
+    )
+    for column in ("rank", "node", "local rank", "devices", "visible", "group", "resource ranks"):
+        table.add_column(column, justify="right" if column in ("rank", "node") else "left")
+    for index in indices:
+        if index is None:
+            hidden = len(records) - HEAD_ROWS - TAIL_ROWS
+            # In the narrow rank column only the ellipsis, so the hint does not widen the table.
+            table.add_row("…", "", f"… {hidden} more", style="dim")
+        else:
+            table.add_row(*_record_cells(records[index]))
+    return table
+
+
+def shown_indices(count: int, show_all: bool) -> list[int | None]:
+    """Row indices to show; ``None`` marks where the hidden middle rows would be."""
+    if show_all or count <= HEAD_ROWS + TAIL_ROWS:
+        return list(range(count))
+    return [*range(HEAD_ROWS), None, *range(count - TAIL_ROWS, count)]
+
+
+def _record_cells(record: Placement) -> list[str]:
+    return [
+        str(record.rank),
+        str(record.cluster_node_rank),
+        f"{record.local_rank}/{record.local_world_size}",
+        short_ranks(record.local_hardware_ranks) if record.local_hardware_ranks else "—",
+        record.visible_devices if record.visible_devices is not None else "—",
+        record.node_group_label,
+        short_ranks(record.resource_ranks),
+    ]
+
+
+def map_table(device_map: DeviceMap, colors: dict[str, str]) -> Table:
+    """One row per node: its groups, what runs on each accelerator, on the node, on each unit."""
+    caption = None
+    if device_map.truncated:
+        caption = f"first {len(device_map.rows)} of {device_map.total_nodes} nodes; --all shows every node"
+    table = Table(
+        title=Text("Node × device map", style="bold"),
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        header_style="bold",
+        show_lines=True,
+    )
+    table.add_column("node", justify="right")
+    table.add_column("groups")
+    for index in range(device_map.max_accelerators):
+        table.add_column(f"{device_map.accelerator_type} {index}")
+    if device_map.has_whole_node:
+        table.add_column("whole node")
+    if device_map.has_hardware:
+        table.add_column("hardware")
+    for row in device_map.rows:
+        table.add_row(*_map_cells(row, device_map, colors))
+    return table
+
+
+def _map_cells(row: NodeRow, device_map: DeviceMap, colors: dict[str, str]) -> list[RenderableType]:
+    cells: list[RenderableType] = [str(row.rank), ", ".join(row.groups) or Text("—", style="dim")]
+    for index in range(device_map.max_accelerators):
+        if index >= len(row.accelerators):
+            cells.append("")
+        else:
+            cells.append(_occupants_text(row.accelerators[index], colors))
+    if device_map.has_whole_node:
+        cells.append(_occupants_text(row.whole_node, colors))
+    if device_map.has_hardware:
+        cells.append(_hardware_text(row, colors))
+    return cells
+
+
+def _occupants_text(occupants: Occupants, colors: dict[str, str], separator: str = "\n") -> Text:
+    """``actor 0`` lines for the components on one slot, or a dim dot when it is idle."""
+    if not occupants:
+        return Text("·", style="dim")
+    return Text(separator).join(
+        Text.assemble((name, colors[name]), f" {format_ranks(ranks)}") for name, ranks in occupants.items()
+    )
+
+
+def _hardware_text(row: NodeRow, colors: dict[str, str]) -> Text:
+    lines = []
+    for unit, occupants in row.hardware.items():
+        users = _occupants_text(occupants, colors, separator="; ") if occupants else Text("—", style="dim")
+        lines.append(Text.assemble(f"{unit.name}: ", users))
+    return Text("\n").join(lines)

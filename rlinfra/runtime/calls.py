@@ -1,0 +1,162 @@
+"""Waiting on a fan-out: results in rank order, failures surfaced as soon as one rank fails.
+
+``ray.get(refs)`` returns only when *every* ref is done, so a rank that dies while its peers block
+in a collective leaves the driver hanging until an NCCL/gloo timeout. ``GroupCall.wait`` instead
+watches the refs as they complete and raises ``WorkerGroupError`` at the first failure, naming the
+rank, its node and the remote traceback, with the results of the ranks that did finish.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from rlinfra.runtime.errors import RankFailure, WorkerGroupError
+
+FAILURE_GRACE_S = 0.5
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def describe_failure(error: BaseException) -> tuple[str, str]:
+    """``(one-line reason, remote traceback)`` for an exception raised by ``ray.get``."""
+    text = _ANSI.sub("", str(error))
+    if isinstance(error, RayTaskError):
+        cause = error.cause if getattr(error, "cause", None) is not None else error
+        reason = _ANSI.sub("", f"{type(cause).__name__}: {cause}").splitlines()[0]
+        return reason, text
+    if isinstance(error, RayActorError):
+        if "creation task" in text:
+            last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+            return f"the worker's constructor raised {last.strip()}", text
+        return "the worker process died", text
+    return f"{type(error).__name__}: {text}".splitlines()[0], ""
+
+
+class GroupCall:
+    """A pending fan-out over some ranks of a group; ``wait`` gathers it."""
+
+    def __init__(
+        self,
+        group_name: str,
+        action: str,
+        refs: Sequence[ray.ObjectRef],
+        ranks: Sequence[int],
+        node_of_rank: Callable[[int], int | None],
+        default_timeout: float,
+        gather: Callable[[list[Any]], Any] | None = None,
+        dead_nodes: Callable[[], set[int]] = set,
+    ) -> None:
+        self.group_name = group_name
+        self.action = action
+        self.refs = list(refs)
+        self.ranks = list(ranks)
+        self._node_of_rank = node_of_rank
+        self._default_timeout = default_timeout
+        self._gather = gather
+        self._dead_nodes = dead_nodes
+        self._rank_of = dict(zip(self.refs, self.ranks, strict=True))
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Results in rank order (or gathered, for a split call). Raises ``WorkerGroupError`` at
+        the first failed rank, or when ``timeout`` (default: the group's call timeout) passes.
+
+        After a first failure the other ranks get up to ``FAILURE_GRACE_S`` more to finish, so
+        their results ride on the error; ranks blocked for good (in a collective with the dead
+        one) are reported as still running instead of being waited for.
+        """
+        limit = self._default_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        pending = list(self.refs)
+        results: dict[int, Any] = {}
+        failures: dict[int, RankFailure] = {}
+        while pending and not failures:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            self._collect(ready, results, failures)
+        if failures and pending:
+            grace = max(0.0, min(deadline, time.monotonic() + FAILURE_GRACE_S) - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
+            self._collect(ready, results, failures)
+        elif pending:
+            for ref in pending:
+                rank = self._rank_of[ref]
+                failures[rank] = RankFailure(
+                    rank, self._node_of_rank(rank), f"no answer within {limit:g} s (still running)"
+                )
+            pending = []
+        if failures:
+            still_running = self._blame_lost_nodes(failures, [self._rank_of[ref] for ref in pending])
+            raise WorkerGroupError(self.group_name, self.action, failures, results, still_running)
+        ordered = [results[rank] for rank in self.ranks]
+        return self._gather(ordered) if self._gather else ordered
+
+    def _collect(self, ready: list[Any], results: dict[int, Any], failures: dict[int, RankFailure]) -> None:
+        for ref in ready:
+            rank = self._rank_of[ref]
+            try:
+                results[rank] = ray.get(ref, timeout=0)
+            except (GetTimeoutError, ray.exceptions.RayError) as error:
+                reason, trace = describe_failure(error)
+                failures[rank] = RankFailure(rank, self._node_of_rank(rank), reason, trace)
+
+    def _blame_lost_nodes(self, failures: dict[int, RankFailure], pending: list[int]) -> list[int]:
+        """When a failed rank's node is gone, say so, and fail every pending rank on that node
+        too (they can never answer); returns the ranks still pending after that."""
+        dead = self._dead_nodes()
+        if not dead:
+            return pending
+        for rank, failure in list(failures.items()):
+            if failure.node_rank in dead:
+                failures[rank] = RankFailure(
+                    rank, failure.node_rank, f"its node {failure.node_rank} was lost", failure.traceback
+                )
+        still_pending = []
+        for rank in pending:
+            node = self._node_of_rank(rank)
+            if node in dead:
+                failures[rank] = RankFailure(rank, node, f"its node {node} was lost")
+            else:
+                still_pending.append(rank)
+        return still_pending
+
+    def __repr__(self) -> str:
+        return f"GroupCall({self.group_name}.{self.action}, ranks={len(self.ranks)})"
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """Cut a list, tuple, numpy array or torch tensor into ``parts`` contiguous chunks whose
+    sizes differ by at most one (the first chunks take the remainder)."""
+    length = len(batch)
+    base, extra = divmod(length, parts)
+    chunks = []
+    start = 0
+    for index in range(parts):
+        end = start + base + (index < extra)
+        chunks.append(batch[start:end])
+        start = end
+    return chunks
+
+
+def concat_chunks(chunks: list[Any]) -> Any:
+    """Inverse of ``split_batch`` on the per-rank results: one sequence in rank order."""
+    first = next((chunk for chunk in chunks if chunk is not None), None)
+    module = type(first).__module__.split(".")[0]
+    if module == "numpy":
+        import numpy
+
+        return numpy.concatenate(chunks)
+    if module == "torch":
+        import torch
+
+        return torch.cat(chunks)
+    gathered: list[Any] = []
+    for chunk in chunks:
+        gathered.extend(chunk)
+    return gathered

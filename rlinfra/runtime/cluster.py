@@ -1,0 +1,154 @@
+"""``Cluster``: the connection to Ray, the ranked nodes, and the same ``ClusterSpec`` dry runs use.
+
+``Cluster(cluster_cfg=cfg.cluster)`` connects to ``cluster.address`` (or ``RAY_ADDRESS``) when one
+is given, else starts a private embedded Ray: one local node, or ``cluster.simulate: "NxG"``
+simulated nodes with G logical GPUs each. It then waits (with a deadline) for ``num_nodes`` nodes,
+ranks them stably, and builds a ``ClusterSpec`` from what Ray reports, so that
+``ComponentPlacement(cfg, cluster)`` gives exactly what ``rlinfra plan`` showed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+
+from rlinfra.placement.cluster_spec import ClusterSpec, NodeSpec, parse_nodes_spec
+from rlinfra.placement.config_access import as_mapping, require_int
+from rlinfra.runtime.discovery import RayNode, rank_nodes
+from rlinfra.runtime.embedded import DEFAULT_SIMULATED_CPUS, EmbeddedRay
+from rlinfra.runtime.errors import ClusterError
+from rlinfra.runtime.ledger import resource_diff
+
+DEFAULT_NODE_TIMEOUT_S = 60.0
+
+
+class Cluster:
+    """A Ray cluster described by ``cluster_cfg``; use as a context manager or call ``shutdown``.
+
+    Keyword arguments override the config: ``address``, ``simulate`` (``"NxG"`` or per-node
+    counts), ``num_nodes``, ``node_timeout`` (seconds to wait for the nodes),
+    ``simulate_cpus`` (logical CPUs per simulated node).
+    """
+
+    def __init__(self, cluster_cfg: Any = None, **overrides: Any) -> None:
+        section = as_mapping(cluster_cfg if cluster_cfg is not None else {"num_nodes": 1})
+        section.update({key: value for key, value in overrides.items() if value is not None})
+        self._cfg = section
+        self.num_nodes = require_int(section.get("num_nodes", 1), "cluster.num_nodes", minimum=1)
+        self._embedded: EmbeddedRay | None = None
+        self._connected_here = False
+        address = section.get("address") or os.environ.get("RAY_ADDRESS")
+        simulate = section.get("simulate")
+        if ray.is_initialized():
+            pass  # the caller's Ray: use it, never stop it
+        elif simulate is not None and not section.get("address"):
+            counts = parse_nodes_spec(simulate, where="cluster.simulate")
+            if len(counts) != self.num_nodes:
+                raise ClusterError(
+                    f"cluster.simulate describes {len(counts)} nodes but cluster.num_nodes is "
+                    f"{self.num_nodes}; make them agree"
+                )
+            cpus = require_int(
+                section.get("simulate_cpus", DEFAULT_SIMULATED_CPUS), "cluster.simulate_cpus", minimum=1
+            )
+            self._embedded = EmbeddedRay.start_simulated(counts, cpus_per_node=cpus)
+        elif address:
+            ray.init(address=address, logging_level="warning")
+            self._connected_here = True
+        else:
+            self._embedded = EmbeddedRay.start_local()
+        try:
+            timeout = float(section.get("node_timeout", DEFAULT_NODE_TIMEOUT_S))
+            self.nodes: list[RayNode] = self._wait_for_nodes(timeout)
+            self.spec = ClusterSpec.build(
+                [NodeSpec(node.rank, node.accelerator[1], node.accelerator[0]) for node in self.nodes],
+                section,
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _wait_for_nodes(self, timeout: float) -> list[RayNode]:
+        """Poll Ray's node table until ``num_nodes`` nodes are alive; a progress line meanwhile."""
+        deadline = time.monotonic() + timeout
+        shown = False
+        while True:
+            nodes = rank_nodes(ray.nodes())
+            if len(nodes) >= self.num_nodes:
+                if shown:
+                    print(f"\r{len(nodes)}/{self.num_nodes} Ray nodes alive.        ", file=sys.stderr)
+                if len(nodes) > self.num_nodes:
+                    print(
+                        f"rlinfra: Ray has {len(nodes)} nodes; using the first {self.num_nodes} by rank",
+                        file=sys.stderr,
+                    )
+                return nodes[: self.num_nodes]
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"only {len(nodes)} of {self.num_nodes} Ray nodes joined within {timeout:.0f} s "
+                    f"(cluster.num_nodes={self.num_nodes}); check that every node ran `ray start` "
+                    f"against this head, or lower num_nodes"
+                )
+            print(f"\rwaiting for Ray nodes: {len(nodes)}/{self.num_nodes}", end="", file=sys.stderr)
+            shown = True
+            time.sleep(0.5)
+
+    @property
+    def embedded(self) -> EmbeddedRay | None:
+        """The Ray this object started, if any (None when attached to an existing cluster)."""
+        return self._embedded
+
+    def node(self, rank: int) -> RayNode:
+        return self.nodes[rank]
+
+    def node_rank_of(self, node_id: str) -> int | None:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node.rank
+        return None
+
+    def dead_node_ranks(self) -> set[int]:
+        """Ranks of this cluster's nodes that Ray no longer reports alive."""
+        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        return {node.rank for node in self.nodes if node.node_id not in alive}
+
+    def require(self, at_least: bool = False, **expected: float) -> None:
+        """Raise ``ClusterError`` unless Ray's ledger matches ``expected`` (e.g. ``GPU=16``).
+
+        A mismatch here is what later shows up as wrong rank maps or stuck placement groups, so
+        check it before launching anything. ``at_least=True`` accepts more than expected.
+        """
+        diff = resource_diff(expected, ray.cluster_resources(), at_least=at_least)
+        if diff:
+            raise ClusterError("Ray's resources differ from what this job requires:\n" + diff)
+
+    def describe(self) -> str:
+        return self.spec.describe()
+
+    def shutdown(self) -> None:
+        """Stop what this object started (an embedded Ray, or its own connection); nothing else."""
+        if self._embedded is not None:
+            self._embedded.shutdown()
+            self._embedded = None
+        elif self._connected_here:
+            ray.shutdown()
+            self._connected_here = False
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        kind = "embedded" if self._embedded else "attached"
+        return f"Cluster({kind}: {self.spec.describe()})"
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self._cfg

@@ -1,0 +1,91 @@
+"""Which Ray node is node rank 0, 1, …: a stable, explicit order.
+
+Order: nodes that carry the ``rlinfra-node-rank`` label by that number (the Slurm script and the
+simulated cluster set it); then the head node; then by IP compared as numbers (verl sorts IPs as
+strings, so ``10.0.0.66`` lands before ``10.0.0.7``); then by node id, because simulated nodes
+share one IP. Ray's own order of ``ray.nodes()`` is not stable and is never used.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinfra.placement.record import VISIBILITY_ENV
+from rlinfra.runtime.errors import ClusterError
+
+NODE_RANK_LABEL = "rlinfra-node-rank"
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """A live Ray node as rlinfra uses it."""
+
+    rank: int
+    node_id: str
+    ip: str
+    is_head: bool
+    resources: Mapping[str, float] = field(compare=False)
+    labels: Mapping[str, str] = field(compare=False)
+
+    @property
+    def accelerator(self) -> tuple[str, int]:
+        """``(Ray resource name, count)`` of the node's accelerators; ``("GPU", 0)`` when none."""
+        for name in VISIBILITY_ENV:
+            count = int(self.resources.get(name, 0))
+            if count:
+                return name, count
+        return "GPU", 0
+
+
+def rank_nodes(raw_nodes: Iterable[Mapping[str, Any]]) -> list[RayNode]:
+    """Alive nodes from ``ray.nodes()`` in rank order, each with its rank."""
+    alive = [node for node in raw_nodes if node.get("Alive", node.get("alive", False))]
+    explicit: dict[int, Mapping[str, Any]] = {}
+    implicit: list[Mapping[str, Any]] = []
+    for node in alive:
+        label = (node.get("Labels") or {}).get(NODE_RANK_LABEL)
+        if label is None:
+            implicit.append(node)
+            continue
+        try:
+            rank = int(label)
+        except ValueError:
+            raise ClusterError(
+                f"node {node['NodeID'][:12]} has label {NODE_RANK_LABEL}={label!r}; expected an integer"
+            ) from None
+        if rank in explicit:
+            raise ClusterError(f"two nodes carry label {NODE_RANK_LABEL}={rank}; each rank must be unique")
+        explicit[rank] = node
+    if sorted(explicit) != list(range(len(explicit))):
+        raise ClusterError(
+            f"nodes labelled {NODE_RANK_LABEL} must be numbered 0..{len(explicit) - 1}, "
+            f"found {sorted(explicit)[:8]}"
+        )
+    ordered = [explicit[rank] for rank in sorted(explicit)]
+    ordered += sorted(implicit, key=_implicit_key)
+    return [
+        RayNode(
+            rank=index,
+            node_id=node["NodeID"],
+            ip=node.get("NodeManagerAddress", ""),
+            is_head=HEAD_RESOURCE in (node.get("Resources") or {}),
+            resources=dict(node.get("Resources") or {}),
+            labels=dict(node.get("Labels") or {}),
+        )
+        for index, node in enumerate(ordered)
+    ]
+
+
+def _implicit_key(node: Mapping[str, Any]) -> tuple[int, tuple[int, int | str], str]:
+    is_head = HEAD_RESOURCE in (node.get("Resources") or {})
+    address = node.get("NodeManagerAddress", "")
+    try:
+        ip = ipaddress.ip_address(address)
+        ip_key: tuple[int, int | str] = (ip.version, int(ip))
+    except ValueError:
+        ip_key = (99, address)
+    return (0 if is_head else 1, ip_key, node["NodeID"])

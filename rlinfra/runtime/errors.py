@@ -1,0 +1,64 @@
+"""Errors of the runtime layer: each one names what failed and where, so nobody reads Ray logs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster is not what the config asks for (too few nodes, a resource mismatch …)."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """Why one rank of a group failed: its node, a one-line reason and the remote traceback."""
+
+    rank: int
+    node_rank: int | None
+    reason: str
+    traceback: str = ""
+
+
+class WorkerGroupError(RuntimeError):
+    """Some ranks of a worker group failed, died or did not answer in time.
+
+    ``failures`` maps rank → ``RankFailure``; ``results`` holds the values of the ranks that did
+    finish (so a caller can still use or log them); ``pending`` lists ranks that had not answered
+    when the error was raised.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        action: str,
+        failures: dict[int, RankFailure],
+        results: dict[int, Any] | None = None,
+        pending: list[int] | None = None,
+    ) -> None:
+        self.group = group
+        self.action = action
+        self.failures = dict(sorted(failures.items()))
+        self.results = dict(sorted((results or {}).items()))
+        self.pending = sorted(pending or [])
+        super().__init__(self._render())
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return list(self.failures)
+
+    def _render(self) -> str:
+        ranks = ", ".join(str(rank) for rank in self.failures)
+        lines = [f"worker group {self.group!r}: {self.action} failed on rank(s) {ranks}"]
+        for failure in list(self.failures.values())[:8]:
+            where = f"node {failure.node_rank}" if failure.node_rank is not None else "unknown node"
+            lines.append(f"  rank {failure.rank} ({where}): {failure.reason}")
+            if failure.traceback:
+                lines.extend("    " + line for line in failure.traceback.rstrip().splitlines()[-25:])
+        if len(self.failures) > 8:
+            lines.append(f"  … and {len(self.failures) - 8} more failed ranks")
+        if self.results:
+            lines.append(f"  ranks that finished: {len(self.results)} (results kept on .results)")
+        if self.pending:
+            lines.append(f"  ranks still running: {len(self.pending)}")
+        return "\n".join(lines)

@@ -1,0 +1,332 @@
+"""``WorkerGroup``: launch a ``Worker`` class on its placements, call it, and shut it down.
+
+``Rollout.create_group(args).launch(cluster, placement_strategy=s, name="rollout")`` turns each
+``Placement`` into one Ray actor named ``rollout:<rank>``, reserved through a placement group whose
+bundles are pinned to the exact nodes (``ray.io/node-id`` label selectors) and ordered by (node
+rank, device). Any public method called on the group fans out to all ranks and returns a
+``GroupCall``; ``.scatter`` and ``.split`` are the explicit per-rank dispatch choices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlinfra.placement.record import VISIBILITY_ENV, Placement
+from rlinfra.placement.strategies import PlacementStrategy
+from rlinfra.runtime.bundles import BundlePlan, plan_bundles
+from rlinfra.runtime.calls import GroupCall, concat_chunks, describe_failure, split_batch
+from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.errors import RankFailure, WorkerGroupError
+from rlinfra.runtime.worker import WorkerContext, hosted_class
+
+logger = logging.getLogger("rlinfra")
+
+DEFAULT_LAUNCH_TIMEOUT_S = 120.0
+DEFAULT_CALL_TIMEOUT_S = 600.0
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+class WorkerGroup:
+    """All ranks of one component. Created by ``Worker.create_group``; usable once launched."""
+
+    def __init__(self, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.worker_cls = worker_cls
+        self._args = args
+        self._kwargs = kwargs
+        self.name = worker_cls.__name__.lower()
+        self.placements: list[Placement] = []
+        self.actors: list[Any] = []
+        self.worker_info: list[dict[str, Any]] = []
+        self.call_timeout = DEFAULT_CALL_TIMEOUT_S
+        self._pg: PlacementGroup | None = None
+        self._cluster: Cluster | None = None
+
+    # ----------------------------------------------------------------------------------- launch
+    def launch(
+        self,
+        cluster: Cluster,
+        placement_strategy: PlacementStrategy,
+        name: str | None = None,
+        *,
+        num_cpus: float = 1.0,
+        isolate_accelerator: bool = True,
+        launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
+    ) -> WorkerGroup:
+        """Start every rank and return when all are ready; on any failure release everything
+        and raise ``WorkerGroupError`` naming the ranks, their nodes and the tracebacks."""
+        if self.actors:
+            raise RuntimeError(f"worker group {self.name!r} is already launched")
+        self.name = name or self.name
+        self.call_timeout = call_timeout
+        self._cluster = cluster
+        self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
+        node_resources = {node.rank: node.resources for node in cluster.nodes}
+        plan = plan_bundles(self.placements, num_cpus, node_resources)
+        deadline = time.monotonic() + launch_timeout
+        try:
+            self._pg = self._reserve(plan, cluster, deadline)
+            self._start_actors(plan, isolate_accelerator, cluster)
+            self.worker_info = self._await_ready(deadline)
+            self._check_ray_device_ids()
+            self._publish_master_address(deadline)
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def _reserve(self, plan: BundlePlan, cluster: Cluster, deadline: float) -> PlacementGroup:
+        selectors = [{NODE_ID_LABEL: cluster.node(node).node_id} for node in plan.bundle_nodes]
+        pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
+        ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            remove_placement_group(pg)
+            raise WorkerGroupError(
+                self.name,
+                "reserving resources",
+                {0: RankFailure(0, None, _missing_resources(plan))},
+                pending=list(range(1, len(self.placements))),
+            )
+        return pg
+
+    def _start_actors(self, plan: BundlePlan, isolate: bool, cluster: Cluster) -> None:
+        actor_cls = ray.remote(hosted_class(self.worker_cls))
+        for placement, reservation in zip(self.placements, plan.actors, strict=True):
+            context = WorkerContext(
+                self.name,
+                placement,
+                worker_env(placement, cluster),
+                unset_env=() if isolate else tuple(VISIBILITY_ENV.values()),
+            )
+            options: dict[str, Any] = {
+                "name": f"{self.name}:{placement.rank}",
+                "num_cpus": reservation.num_cpus,
+                "num_gpus": reservation.num_gpus,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=reservation.bundle_index
+                ),
+                "max_restarts": 0,
+            }
+            if reservation.resources:
+                options["resources"] = dict(reservation.resources)
+            self.actors.append(actor_cls.options(**options).remote(context, *self._args, **self._kwargs))
+
+    def _await_ready(self, deadline: float) -> list[dict[str, Any]]:
+        refs = [actor._rlinfra_ready.remote() for actor in self.actors]
+        call = self._call("starting (constructor)", refs, list(range(len(refs))), timeout=None)
+        remaining = max(0.0, deadline - time.monotonic())
+        show_progress = len(refs) >= 16 and sys.stderr.isatty()
+        if show_progress:
+            _progress_until_ready(refs, remaining, self.name)
+        return call.wait(timeout=remaining)
+
+    def _check_ray_device_ids(self) -> None:
+        """Warn when Ray's ledger holds other device ids than the ones the workers use.
+
+        Counts are always right (the bundles reserve them); ids drift only when groups sharing
+        a node are launched out of device order, and then other Ray users of that node could be
+        handed a device we use. Launching a job's components in device order avoids it.
+        """
+        drifted = []
+        for placement, info in zip(self.placements, self.worker_info, strict=True):
+            if placement.visible_devices is None:
+                continue
+            ray_ids = info["ray_accelerator_ids"].get(placement.hardware_type, [])
+            if [int(i) for i in ray_ids] != list(placement.local_hardware_ranks):
+                drifted.append(f"rank {placement.rank} uses {placement.visible_devices}, Ray: {ray_ids}")
+        if drifted:
+            logger.warning(
+                "worker group %r: Ray's device ledger differs from the placement (%s%s); device "
+                "counts are reserved correctly",
+                self.name,
+                "; ".join(drifted[:4]),
+                " …" if len(drifted) > 4 else "",
+            )
+
+    def _publish_master_address(self, deadline: float) -> None:
+        """Rank 0 binds and holds a port; every rank learns ``MASTER_ADDR``/``MASTER_PORT``."""
+        remaining = max(0.0, deadline - time.monotonic())
+        ref = self.actors[0]._rlinfra_reserve_port.remote()
+        address, port = self._call("reserving the rendezvous port", [ref], [0]).wait(remaining)[0]
+        env = {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
+        refs = [actor._rlinfra_set_env.remote(env) for actor in self.actors]
+        self._call("publishing MASTER_ADDR", refs, self.ranks).wait(remaining)
+        self.master_address = (address, port)
+
+    # ------------------------------------------------------------------------------- dispatch
+    @property
+    def world_size(self) -> int:
+        return len(self.placements)
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(len(self.actors)))
+
+    def execute_on(self, ranks: int | Sequence[int]) -> WorkerGroupView:
+        """A view of some ranks: ``group.execute_on([0, 2]).method(x).wait()``."""
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        bad = [rank for rank in chosen if not 0 <= rank < len(self.actors)]
+        if bad or not chosen:
+            raise ValueError(
+                f"worker group {self.name!r} has ranks 0-{len(self.actors) - 1}; "
+                f"cannot execute on {bad or chosen}"
+            )
+        return WorkerGroupView(self, chosen)
+
+    def __getattr__(self, method: str) -> GroupMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return WorkerGroupView(self, None).__getattr__(method)
+
+    def node_rank_of(self, rank: int) -> int | None:
+        if 0 <= rank < len(self.placements):
+            return self.placements[rank].cluster_node_rank
+        return None
+
+    def _call(
+        self, action: str, refs: list[Any], ranks: list[int], timeout: float | None = None, gather=None
+    ) -> GroupCall:
+        return GroupCall(
+            self.name,
+            action,
+            refs,
+            ranks,
+            self.node_rank_of,
+            self.call_timeout if timeout is None else timeout,
+            gather,
+            self._cluster.dead_node_ranks if self._cluster is not None else set,
+        )
+
+    # ------------------------------------------------------------------------------- teardown
+    def shutdown(self) -> None:
+        """Kill every worker and release the placement group. Safe to call twice."""
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already dead is fine
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name!r}, world_size={self.world_size}, launched={bool(self.actors)})"
+
+
+class WorkerGroupView:
+    """The ranks a call goes to (all, or a subset from ``execute_on``)."""
+
+    def __init__(self, group: WorkerGroup, ranks: list[int] | None) -> None:
+        self._group = group
+        self._ranks = ranks
+
+    def __getattr__(self, method: str) -> GroupMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        group = self._group
+        if not group.actors:
+            raise RuntimeError(f"worker group {group.name!r} is not launched (call .launch first)")
+        if not callable(getattr(group.worker_cls, method, None)):
+            raise AttributeError(f"{group.worker_cls.__name__} has no method {method!r}")
+        return GroupMethod(group, method, self._ranks if self._ranks is not None else group.ranks)
+
+
+class GroupMethod:
+    """``group.method(...)`` broadcasts; ``.scatter(per_rank)`` and ``.split(batch)`` dispatch
+    per rank. Every form returns a ``GroupCall``."""
+
+    def __init__(self, group: WorkerGroup, method: str, ranks: list[int]) -> None:
+        self._group = group
+        self._method = method
+        self._ranks = ranks
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GroupCall:
+        refs = [self._remote(rank).remote(*args, **kwargs) for rank in self._ranks]
+        return self._group._call(self._method, refs, self._ranks)
+
+    def scatter(self, per_rank: Sequence[Any], *args: Any, **kwargs: Any) -> GroupCall:
+        """Rank ``self._ranks[i]`` gets ``per_rank[i]`` as its first argument."""
+        if len(per_rank) != len(self._ranks):
+            raise ValueError(
+                f"{self._group.name}.{self._method}.scatter: {len(per_rank)} values for "
+                f"{len(self._ranks)} ranks"
+            )
+        refs = [
+            self._remote(rank).remote(value, *args, **kwargs)
+            for rank, value in zip(self._ranks, per_rank, strict=True)
+        ]
+        return self._group._call(self._method, refs, self._ranks)
+
+    def split(self, batch: Any, *args: Any, **kwargs: Any) -> GroupCall:
+        """Cut ``batch`` into one contiguous chunk per rank; ``wait`` concatenates the results in
+        rank order (each rank must return a sequence)."""
+        chunks = split_batch(batch, len(self._ranks))
+        refs = [
+            self._remote(rank).remote(chunk, *args, **kwargs)
+            for rank, chunk in zip(self._ranks, chunks, strict=True)
+        ]
+        return self._group._call(self._method, refs, self._ranks, gather=concat_chunks)
+
+    def _remote(self, rank: int) -> Any:
+        return getattr(self._group.actors[rank], self._method)
+
+
+def worker_env(placement: Placement, cluster: Cluster) -> dict[str, str]:
+    """The per-process environment rlinfra computes: ranks, visibility, the node group's env."""
+    env = {
+        "RANK": str(placement.rank),
+        "WORLD_SIZE": str(placement.world_size),
+        "LOCAL_RANK": str(placement.local_rank),
+        "LOCAL_WORLD_SIZE": str(placement.local_world_size),
+        "NODE_RANK": str(placement.cluster_node_rank),
+    }
+    group = cluster.spec.node_groups.get(placement.node_group_label)
+    if group is not None:
+        for env_config in group.env_configs:
+            if placement.cluster_node_rank in env_config.node_ranks:
+                env.update(env_config.env_vars)
+    env.update(placement.visibility_env)
+    return env
+
+
+def _missing_resources(plan: BundlePlan) -> str:
+    """Which node lacks what, comparing the request with Ray's available resources."""
+    try:
+        available = ray._private.state.available_resources_per_node()
+    except Exception:  # best effort diagnostics only
+        available = {}
+    lines = ["Ray could not reserve the placement group in time; requested per node:"]
+    for node, wanted in sorted(plan.per_node().items()):
+        lines.append(f"    node {node}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(wanted.items())))
+    if available:
+        lines.append("  available per Ray node id:")
+        for node_id, resources in list(available.items())[:16]:
+            shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU") or k in VISIBILITY_ENV}
+            lines.append(f"    {node_id[:12]}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(shown.items())))
+    return "\n".join(lines)
+
+
+def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:
+    """A progress bar while a large group starts (returns at the deadline or when all are done)."""
+    from rich.progress import Progress
+
+    deadline = time.monotonic() + timeout
+    pending = list(refs)
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"launching {name}", total=len(refs))
+        while pending and time.monotonic() < deadline:
+            _, pending = ray.wait(
+                pending, num_returns=len(pending), timeout=min(0.5, deadline - time.monotonic())
+            )
+            progress.update(task, completed=len(refs) - len(pending))
+
+
+__all__ = ["GroupCall", "GroupMethod", "WorkerGroup", "WorkerGroupView", "describe_failure", "worker_env"]

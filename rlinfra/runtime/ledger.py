@@ -1,0 +1,23 @@
+"""The resource ledger check: does Ray's accounting match what the job was planned for?
+
+A cluster that reports 8 GPUs where the plan assumed 16 (a node that did not join, a raylet
+started without ``--num-gpus``) makes every later rank map and placement group wrong; this turns
+that into one clear diff before anything is launched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def resource_diff(expected: Mapping[str, float], actual: Mapping[str, float], at_least: bool = False) -> str:
+    """Lines ``NAME: required X, Ray has Y`` for every mismatch; empty when all agree."""
+    lines = []
+    for name, want in sorted(expected.items()):
+        have = float(actual.get(name, 0.0))
+        ok = have >= want if at_least else abs(have - want) < 1e-9
+        if not ok:
+            relation = "at least " if at_least else ""
+            delta = have - want
+            lines.append(f"  {name}: required {relation}{want:g}, Ray has {have:g} ({delta:+g})")
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""``Worker``: the base class of every component process, as in the seed's example program.
+
+A user writes ``class Rollout(Worker)`` with ordinary methods. rlinfra hosts it in a Ray actor
+whose constructor first binds the process to its ``Placement`` — rank attributes, environment
+(``RANK``, ``LOCAL_RANK``, visibility …) — and only then runs the user's ``__init__``, so
+``self._rank`` works there even if the user forgets ``super().__init__()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from rlinfra.placement.record import Placement
+
+if TYPE_CHECKING:
+    from rlinfra.runtime.group import WorkerGroup
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Everything a worker process must know about itself before user code runs."""
+
+    group_name: str
+    placement: Placement
+    env: dict[str, str] = field(default_factory=dict)
+    unset_env: tuple[str, ...] = ()
+
+
+class Worker:
+    """Base class for component workers. Attributes set before ``__init__`` runs:
+
+    ``_rank``, ``_world_size``, ``_local_rank``, ``_local_world_size``, ``_node_rank``,
+    ``_group_name``, ``_placement``.
+    """
+
+    _rank: int = 0
+    _world_size: int = 1
+    _local_rank: int = 0
+    _local_world_size: int = 1
+    _node_rank: int = 0
+    _group_name: str = ""
+    _placement: Placement | None = None
+
+    def __init__(self) -> None:
+        """Nothing to do: the hosting actor bound the context already. Kept so that the seed's
+        ``super().__init__()`` works unchanged."""
+
+    @classmethod
+    def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroup:
+        """A group of ``cls`` workers, each constructed with ``*args, **kwargs`` once launched."""
+        from rlinfra.runtime.group import WorkerGroup
+
+        return WorkerGroup(cls, args, kwargs)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def log_info(self, message: str) -> None:
+        self._logger().info(message)
+
+    def log_warning(self, message: str) -> None:
+        self._logger().warning(message)
+
+    def log_error(self, message: str) -> None:
+        self._logger().error(message)
+
+    def _logger(self) -> logging.Logger:
+        logger = logging.getLogger(f"rlinfra.worker.{self._group_name}.{self._rank}")
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter(f"[{self._group_name}:{self._rank}] %(levelname)s %(message)s")
+            )
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+        return logger
+
+    def __repr__(self) -> str:
+        # Ray prefixes forwarded log lines with the actor's repr: show the role, not a class.
+        return f"{self._group_name}:{self._rank}" if self._group_name else type(self).__name__
+
+
+def _bind_context(worker: Worker, context: WorkerContext) -> None:
+    placement = context.placement
+    worker._group_name = context.group_name
+    worker._placement = placement
+    worker._rank = placement.rank
+    worker._world_size = placement.world_size
+    worker._local_rank = placement.local_rank
+    worker._local_world_size = placement.local_world_size
+    worker._node_rank = placement.cluster_node_rank
+    # Set in-process, as Ray itself does for CUDA_VISIBLE_DEVICES: per-actor runtime_envs would
+    # cost a fresh worker process each and record every value in Ray's metadata.
+    for name in context.unset_env:
+        os.environ.pop(name, None)
+    os.environ.update(context.env)
+
+
+class _HostMixin:
+    """Methods rlinfra calls on every hosted worker; their names cannot clash with user methods."""
+
+    _rlinfra_port_socket: socket.socket | None = None
+
+    def _rlinfra_ready(self) -> dict[str, Any]:
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "pid": os.getpid(),
+            "ip": ray.util.get_node_ip_address(),
+            "ray_accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items() if v},
+        }
+
+    def _rlinfra_reserve_port(self) -> tuple[str, int]:
+        """Bind a free port on this node and hold it (no probe-then-bind race) until
+        ``_rlinfra_release_port`` hands it to whatever listens next."""
+        if self._rlinfra_port_socket is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", 0))
+            sock.listen(1)
+            self._rlinfra_port_socket = sock
+        return ray.util.get_node_ip_address(), self._rlinfra_port_socket.getsockname()[1]
+
+    def _rlinfra_release_port(self) -> None:
+        if self._rlinfra_port_socket is not None:
+            self._rlinfra_port_socket.close()
+            self._rlinfra_port_socket = None
+
+    def _rlinfra_set_env(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+
+    def _rlinfra_env(self, names: list[str]) -> dict[str, str | None]:
+        return {name: os.environ.get(name) for name in names}
+
+
+def hosted_class(worker_cls: type) -> type:
+    """A subclass of ``worker_cls`` whose constructor binds the ``WorkerContext`` first."""
+
+    def __init__(self: Any, context: WorkerContext, *args: Any, **kwargs: Any) -> None:
+        _bind_context(self, context)
+        worker_cls.__init__(self, *args, **kwargs)
+
+    namespace = {"__init__": __init__, "__module__": worker_cls.__module__}
+    hosted = type(worker_cls.__name__, (_HostMixin, worker_cls), namespace)
+    hosted.__qualname__ = worker_cls.__qualname__
+    return hosted
