@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# For now the main job is the placement planner on the bundled examples; the PPO job replaces it.
 demo: $(STAMP)
-	$(BIN)/rlinfra demo
+	@for config in examples/placement/*.yaml; do \
+		echo "== rlinfra plan $$config"; \
+		$(BIN)/rlinfra plan $$config || exit 1; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check rlinfra tests benchmarks examples

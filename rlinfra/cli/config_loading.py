@@ -8,12 +8,13 @@ the placement engine, which reports them as ``PlacementError`` with the config p
 
 from __future__ import annotations
 
-import io
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -21,19 +22,45 @@ class ConfigError(ValueError):
     """A config file that cannot be used at all (as opposed to a bad placement inside it)."""
 
 
+def _placement_safe_loader() -> type:
+    """OmegaConf's YAML loader without YAML 1.1's base-60 integers.
+
+    YAML 1.1 reads an unquoted ``placement: 1:0`` as the integer 60 (and ``1:30`` as 90), which
+    would silently put "one process on GPU 1" on GPU 60. YAML 1.2 dropped base 60; so does this
+    loader, which keeps such values as the strings the user wrote.
+    """
+    base = get_yaml_loader()
+
+    class PlacementSafeLoader(base):  # type: ignore[misc, valid-type]
+        pass
+
+    PlacementSafeLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT_TAG]
+        for first, resolvers in base.yaml_implicit_resolvers.items()
+    }
+    PlacementSafeLoader.add_implicit_resolver(_INT_TAG, _YAML12_INT, list("-+0123456789"))
+    return PlacementSafeLoader
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_YAML12_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_LOADER = _placement_safe_loader()
+
+
 def load_config(path: Path) -> DictConfig:
     """The config at ``path``, with interpolations resolved, or a ``ConfigError`` saying why not."""
     text = _read_text(path)
     try:
-        loaded = OmegaConf.load(io.StringIO(text))
+        data = yaml.load(text, Loader=_LOADER)
+        loaded = OmegaConf.create(data) if data is not None else None
     except yaml.MarkedYAMLError as error:
         raise ConfigError(_describe_yaml_error(path, text, error)) from None
-    except (yaml.YAMLError, OSError, OmegaConfBaseException) as error:
-        # OmegaConf reports a top-level scalar ("just a number") as an OSError.
+    except (yaml.YAMLError, ValueError, OmegaConfBaseException) as error:
         raise ConfigError(f"{path}: cannot read the file as a YAML mapping: {error}") from None
     if not isinstance(loaded, DictConfig):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
         raise ConfigError(
-            f"{path}: the top level of the file is a list; expected a mapping with a 'cluster' section."
+            f"{path}: the top level of the file is {kind}; expected a mapping with a 'cluster' section."
         )
     try:
         OmegaConf.resolve(loaded)

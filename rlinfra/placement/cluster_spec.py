@@ -31,6 +31,7 @@ RESERVED_GROUPS = (CLUSTER_GROUP, NODE_GROUP)
 DEFAULT_ACCELERATOR_TYPE = "GPU"
 
 MAX_NODES = 100_000
+MAX_ACCELERATORS_PER_NODE = 1024
 _UNIFORM_SPEC = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*")
 _COUNT = re.compile(r"\s*[0-9]+\s*")
 
@@ -192,16 +193,27 @@ class ClusterSpec:
         return ", ".join(parts)
 
 
+def _checked_count(value: Any, where: str) -> int:
+    count = require_int(value, where)
+    if count > MAX_ACCELERATORS_PER_NODE:
+        raise PlacementError(
+            f"{count} accelerators on one node",
+            where=where,
+            expected=f"at most {MAX_ACCELERATORS_PER_NODE:,} accelerators per node",
+        )
+    return count
+
+
 def _accelerator_counts(accelerators_per_node: int | Sequence[int], num_nodes: int) -> list[int]:
     if isinstance(accelerators_per_node, int) and not isinstance(accelerators_per_node, bool):
-        return [require_int(accelerators_per_node, "accelerators per node")] * num_nodes
+        return [_checked_count(accelerators_per_node, "accelerators per node")] * num_nodes
     if not isinstance(accelerators_per_node, (list, tuple)):
         raise PlacementError(
             f"expected an int or a list of ints, got {accelerators_per_node!r}",
             where="accelerators per node",
             expected="one int for all nodes, or one count per node",
         )
-    counts = [require_int(count, "accelerators per node") for count in accelerators_per_node]
+    counts = [_checked_count(count, "accelerators per node") for count in accelerators_per_node]
     if len(counts) != num_nodes:
         raise PlacementError(
             f"{len(counts)} accelerator counts for {num_nodes} nodes",
@@ -381,4 +393,11 @@ def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:
             where=where,
             expected=f"between 1 and {MAX_NODES:,} nodes; {expected}",
         )
+    for index, count in enumerate(counts):
+        if count > MAX_ACCELERATORS_PER_NODE:
+            raise PlacementError(
+                f"node {index} has {count} accelerators",
+                where=where,
+                expected=f"at most {MAX_ACCELERATORS_PER_NODE:,} accelerators per node",
+            )
     return counts

@@ -252,3 +252,18 @@ def test_labels_are_printed_literally_not_as_markup(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "[red]x" in result.stdout
     assert "[bold]actor 1" in result.stdout
+
+
+def test_unquoted_colon_placement_is_not_read_as_a_base_60_number(tmp_path: Path) -> None:
+    # YAML 1.1 reads `1:0` as 60; rlinfra's loader keeps it the string the user wrote.
+    config = write(tmp_path, "cluster:\n  num_nodes: 8\n  component_placement:\n    actor: 1:0\n")
+    result = invoke(config, "--nodes", "8x8", "--json")
+    assert result.exit_code == 0, result.output
+    actor = json.loads(result.stdout)["components"]["actor"]
+    assert actor["placement"] == "1:0"
+    assert actor["placements"][0]["resource_ranks"] == [1]
+
+
+def test_absurd_accelerator_count_is_refused(tmp_path: Path) -> None:
+    config = write(tmp_path, "cluster:\n  num_nodes: 1\n  component_placement:\n    actor: 0\n")
+    assert_user_error(invoke(config, "--nodes", "1x100000000"), "at most 1,024 accelerators per node")

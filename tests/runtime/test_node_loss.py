@@ -1,0 +1,52 @@
+"""A simulated node that dies (its raylet killed, as in a crash) surfaces as a WorkerGroupError
+naming every rank it held, within seconds, and the driver lives on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import ray
+
+from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
+
+pytestmark = pytest.mark.timeout(120)
+
+CFG = {"cluster": {"num_nodes": 3, "simulate": "3x2", "component_placement": {"trainer": "0-5"}}}
+
+
+class Blocker(Worker):
+    def block(self) -> None:
+        threading.Event().wait()
+
+    def ping(self) -> int:
+        return self._rank
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(cluster_cfg=CFG["cluster"]) as live:
+        yield live
+
+
+def test_killed_node_names_its_ranks_within_five_seconds(cluster):
+    placement = ComponentPlacement(CFG, cluster)
+    group = Blocker.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
+    try:
+        assert group.ping().wait() == list(range(6))
+        call = group.block()
+        victim = next(n for n in cluster.embedded.simulated_nodes if n.node_id == cluster.nodes[2].node_id)
+        started = time.monotonic()
+        cluster.embedded.kill_node(victim)
+        with pytest.raises(WorkerGroupError) as caught:
+            call.wait(timeout=60)
+        assert time.monotonic() - started < 5.0
+        error = caught.value
+        assert error.failed_ranks == [4, 5]
+        assert all(f.node_rank == 2 and "node 2 was lost" in f.reason for f in error.failures.values())
+        assert error.pending == [0, 1, 2, 3]
+        assert cluster.dead_node_ranks() == {2}
+        assert ray.get(ray.put(41), timeout=10) == 41  # the driver lives on, Ray still serves it
+    finally:
+        group.shutdown()
