@@ -1,10 +1,17 @@
-"""Telling Ray the truth: placement-group bundles and per-actor reservations for a set of placements.
+"""The layout table: one placement group for a job, and each component's slice of it.
 
-One bundle per distinct (node, device set) — so processes sharing a device share its bundle by
-fractional reservations computed from the placement (2 processes on one GPU take 0.5 each) — and
-one bundle per node for processes placed on whole nodes. Bundles are ordered by (node rank, device
-ids as numbers): Ray hands out device instances in bundle order on a node, so this order is what
-keeps rank → device stable across restarts.
+Pure data (no Ray import), so ``rlinfra plan`` can print it without a cluster. Computed from the
+component placements alone — no second source of truth:
+
+* devices used together by any process (on one node) form one bundle; bundles are ordered by
+  (node rank, device id as a number), which is what keeps rank → device stable across restarts,
+  since Ray hands out device instances in bundle order on a node;
+* processes that share a device reserve ``1/users`` of it, where ``users`` counts the processes
+  of *all* components on that device (trainer + rollout colocated on a GPU: 0.5 each) — the
+  fractions follow the placement instead of being hard-coded;
+* processes placed on whole nodes share one CPU bundle per node;
+* a component's slice is the bundle ranges it uses: colocated components share bundles,
+  disaggregated ones use disjoint bundles, and one job may mix both.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass, field
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 
 MIN_BUNDLE_CPU = 0.001  # Ray rejects empty bundles; a token CPU reservation keeps one valid.
+NODE_KIND = "node"
 
 
 @dataclass(frozen=True)
@@ -28,10 +36,13 @@ class ActorReservation:
 
 
 @dataclass(frozen=True)
-class BundlePlan:
+class LayoutPlan:
+    """Bundles of the job's placement group and every component's reservations in them."""
+
     bundles: list[dict[str, float]]
     bundle_nodes: list[int]
-    actors: list[ActorReservation]
+    bundle_devices: list[tuple[int, ...]]
+    reservations: dict[str, list[ActorReservation]]
 
     def per_node(self) -> dict[int, dict[str, float]]:
         """Total resources requested on each node (for 'what is missing where' messages)."""
@@ -42,38 +53,135 @@ class BundlePlan:
                 node_total[name] = node_total.get(name, 0.0) + amount
         return totals
 
+    def bundle_indices(self, component: str) -> list[int]:
+        return sorted({r.bundle_index for r in self.reservations[component]})
+
+    def slices(self, component: str) -> list[tuple[int, int]]:
+        """The component's bundles as ``(offset, length)`` runs — one run for the usual layouts."""
+        runs: list[tuple[int, int]] = []
+        for index in self.bundle_indices(component):
+            if runs and runs[-1][0] + runs[-1][1] == index:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((index, 1))
+        return runs
+
+    def relation(self, first: str, second: str) -> str:
+        """``colocated`` (same bundles), ``disaggregated`` (disjoint) or ``partly colocated``."""
+        a, b = set(self.bundle_indices(first)), set(self.bundle_indices(second))
+        if a == b:
+            return "colocated"
+        if a.isdisjoint(b):
+            return "disaggregated"
+        return "partly colocated"
+
+
+Device = tuple[int, str, int]  # (node rank, hardware type, node-local index)
+
+
+class _DisjointSets:
+    def __init__(self) -> None:
+        self.parent: dict[Device, Device] = {}
+
+    def find(self, item: Device) -> Device:
+        self.parent.setdefault(item, item)
+        while self.parent[item] != item:
+            self.parent[item] = self.parent[self.parent[item]]
+            item = self.parent[item]
+        return item
+
+    def union(self, first: Device, second: Device) -> None:
+        self.parent[self.find(first)] = self.find(second)
+
+
+def plan_layout(
+    placements: Mapping[str, Sequence[Placement]],
+    num_cpus: float | Mapping[str, float] = 1.0,
+    node_resources: Mapping[int, Mapping[str, float]] | None = None,
+) -> LayoutPlan:
+    """The layout of ``placements`` (component → its placements) in one placement group.
+
+    ``num_cpus`` is per worker, for all components or per component. ``node_resources`` (node
+    rank → Ray resources) lets custom hardware such as robots be reserved where a node advertises
+    a Ray resource of that name; otherwise only their CPUs are.
+    """
+    node_resources = node_resources or {}
+    cpus = {name: num_cpus[name] if isinstance(num_cpus, Mapping) else num_cpus for name in placements}
+
+    sets = _DisjointSets()
+    users: dict[Device, int] = {}
+    for component_placements in placements.values():
+        for placement in component_placements:
+            devices = _devices(placement)
+            for device in devices:
+                users[device] = users.get(device, 0) + 1
+                sets.union(device, devices[0])
+
+    # Bundle keys: (node, 0, kind, devices) for device bundles, (node, 1, "node", ()) for the
+    # node's CPU bundle; sorting them is the (node rank, device id) order.
+    members: dict[Device, list[Device]] = {}
+    for device in sorted(users):
+        members.setdefault(sets.find(device), []).append(device)
+    key_of_root = {
+        root: (root[0], 0, root[1], tuple(index for _, _, index in group)) for root, group in members.items()
+    }
+    keys = set(key_of_root.values())
+    for component_placements in placements.values():
+        for placement in component_placements:
+            if placement.hardware_type == NODE_KIND:
+                keys.add((placement.cluster_node_rank, 1, NODE_KIND, ()))
+    ordered = sorted(keys)
+    index_of = {key: index for index, key in enumerate(ordered)}
+
+    bundles: list[dict[str, float]] = [{"CPU": 0.0} for _ in ordered]
+    reservations: dict[str, list[ActorReservation]] = {}
+    for name, component_placements in placements.items():
+        rows = []
+        for placement in component_placements:
+            node, kind = placement.cluster_node_rank, placement.hardware_type
+            devices = _devices(placement)
+            if not devices:
+                index = index_of[(node, 1, NODE_KIND, ())]
+                device_share = 0.0
+            else:
+                index = index_of[key_of_root[sets.find(devices[0])]]
+                device_share = sum(1 / users[device] for device in devices)
+            bundles[index]["CPU"] += cpus[name]
+            reserved = kind in VISIBILITY_ENV or kind in node_resources.get(node, {})
+            if devices and reserved:
+                bundles[index][kind] = float(len(ordered[index][3]))
+            rows.append(_reservation(index, cpus[name], kind, device_share if reserved else 0.0, placement))
+        reservations[name] = rows
+    for bundle in bundles:
+        bundle["CPU"] = max(bundle["CPU"], MIN_BUNDLE_CPU)
+    return LayoutPlan(bundles, [key[0] for key in ordered], [key[3] for key in ordered], reservations)
+
+
+def _devices(placement: Placement) -> list[Device]:
+    if placement.hardware_type == NODE_KIND:
+        return []
+    node, kind = placement.cluster_node_rank, placement.hardware_type
+    return [(node, kind, index) for index in placement.local_hardware_ranks]
+
+
+def _reservation(
+    index: int, num_cpus: float, kind: str, device_share: float, placement: Placement
+) -> ActorReservation:
+    share = round(device_share, 4)  # Ray's resource precision
+    if share > 1 and share != int(share):
+        raise ValueError(
+            f"rank {placement.rank} would reserve {share:g} {kind}s: Ray cannot reserve a fraction "
+            f"above 1; give each device it shares the same number of processes"
+        )
+    if kind == "GPU":
+        return ActorReservation(index, num_cpus, share)
+    return ActorReservation(index, num_cpus, 0.0, {kind: share} if share else {})
+
 
 def plan_bundles(
     placements: Sequence[Placement],
     num_cpus: float = 1.0,
     node_resources: Mapping[int, Mapping[str, float]] | None = None,
-) -> BundlePlan:
-    """Bundles and reservations for ``placements``.
-
-    ``node_resources`` (node rank → Ray resources) lets custom hardware such as robots be
-    reserved when the node advertises a Ray resource of that name; otherwise only CPUs are.
-    """
-    node_resources = node_resources or {}
-    keyed: dict[tuple[int, tuple[int, ...]], list[Placement]] = {}
-    for placement in placements:
-        devices = () if placement.hardware_type == "node" else placement.local_hardware_ranks
-        keyed.setdefault((placement.cluster_node_rank, devices), []).append(placement)
-
-    bundles: list[dict[str, float]] = []
-    bundle_nodes: list[int] = []
-    actors: dict[int, ActorReservation] = {}
-    for index, ((node, devices), sharing) in enumerate(sorted(keyed.items())):
-        kind = sharing[0].hardware_type
-        bundle: dict[str, float] = {"CPU": max(num_cpus * len(sharing), MIN_BUNDLE_CPU)}
-        per_actor_device = 0.0
-        reserves_device = devices and (kind in VISIBILITY_ENV or kind in node_resources.get(node, {}))
-        if reserves_device:
-            bundle[kind] = float(len(devices))
-            per_actor_device = len(devices) / len(sharing)
-        bundles.append(bundle)
-        bundle_nodes.append(node)
-        for placement in sharing:
-            gpus = per_actor_device if kind == "GPU" else 0.0
-            other = {kind: per_actor_device} if reserves_device and kind != "GPU" else {}
-            actors[placement.rank] = ActorReservation(index, num_cpus, gpus, other)
-    return BundlePlan(bundles, bundle_nodes, [actors[p.rank] for p in placements])
+) -> LayoutPlan:
+    """The layout of a single component (a group launched on its own)."""
+    return plan_layout({"_": list(placements)}, num_cpus, node_resources)

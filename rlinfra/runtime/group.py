@@ -17,22 +17,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import PlacementStrategy
-from rlinfra.runtime.bundles import BundlePlan, plan_bundles
+from rlinfra.runtime.bundles import ActorReservation, plan_layout
 from rlinfra.runtime.calls import GroupCall, concat_chunks, describe_failure, split_batch
 from rlinfra.runtime.cluster import Cluster
-from rlinfra.runtime.errors import RankFailure, WorkerGroupError
+from rlinfra.runtime.layout import Layout, node_resources, reserve
 from rlinfra.runtime.worker import WorkerContext, hosted_class
 
 logger = logging.getLogger("rlinfra")
 
 DEFAULT_LAUNCH_TIMEOUT_S = 120.0
 DEFAULT_CALL_TIMEOUT_S = 600.0
-NODE_ID_LABEL = "ray.io/node-id"
 
 
 class WorkerGroup:
@@ -47,7 +46,7 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self.worker_info: list[dict[str, Any]] = []
         self.call_timeout = DEFAULT_CALL_TIMEOUT_S
-        self._pg: PlacementGroup | None = None
+        self._own_pg: PlacementGroup | None = None
         self._cluster: Cluster | None = None
 
     # ----------------------------------------------------------------------------------- launch
@@ -59,23 +58,32 @@ class WorkerGroup:
         *,
         num_cpus: float = 1.0,
         isolate_accelerator: bool = True,
+        layout: Layout | None = None,
         launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S,
         call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> WorkerGroup:
         """Start every rank and return when all are ready; on any failure release everything
-        and raise ``WorkerGroupError`` naming the ranks, their nodes and the tracebacks."""
+        and raise ``WorkerGroupError`` naming the ranks, their nodes and the tracebacks.
+
+        With ``layout``, the workers go into the layout's placement group (shared with the other
+        components of the job); without, the group reserves a placement group of its own.
+        ``ReservationError`` says what is missing where if resources cannot be reserved in time.
+        """
         if self.actors:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
         self.name = name or self.name
         self.call_timeout = call_timeout
         self._cluster = cluster
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
-        node_resources = {node.rank: node.resources for node in cluster.nodes}
-        plan = plan_bundles(self.placements, num_cpus, node_resources)
         deadline = time.monotonic() + launch_timeout
         try:
-            self._pg = self._reserve(plan, cluster, deadline)
-            self._start_actors(plan, isolate_accelerator, cluster)
+            if layout is None:
+                plan = plan_layout({self.name: self.placements}, num_cpus, node_resources(cluster))
+                self._own_pg = reserve(plan, cluster, launch_timeout, f"worker group {self.name!r}")
+                pg, reservations = self._own_pg, plan.reservations[self.name]
+            else:
+                pg, reservations = layout.slot(self.name, self.placements)
+            self._start_actors(pg, reservations, isolate_accelerator, cluster)
             self.worker_info = self._await_ready(deadline)
             self._check_ray_device_ids()
             self._publish_master_address(deadline)
@@ -84,23 +92,11 @@ class WorkerGroup:
             raise
         return self
 
-    def _reserve(self, plan: BundlePlan, cluster: Cluster, deadline: float) -> PlacementGroup:
-        selectors = [{NODE_ID_LABEL: cluster.node(node).node_id} for node in plan.bundle_nodes]
-        pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
-        ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
-        if not ready:
-            remove_placement_group(pg)
-            raise WorkerGroupError(
-                self.name,
-                "reserving resources",
-                {0: RankFailure(0, None, _missing_resources(plan))},
-                pending=list(range(1, len(self.placements))),
-            )
-        return pg
-
-    def _start_actors(self, plan: BundlePlan, isolate: bool, cluster: Cluster) -> None:
+    def _start_actors(
+        self, pg: PlacementGroup, reservations: list[ActorReservation], isolate: bool, cluster: Cluster
+    ) -> None:
         actor_cls = ray.remote(hosted_class(self.worker_cls))
-        for placement, reservation in zip(self.placements, plan.actors, strict=True):
+        for placement, reservation in zip(self.placements, reservations, strict=True):
             context = WorkerContext(
                 self.name,
                 placement,
@@ -112,7 +108,7 @@ class WorkerGroup:
                 "num_cpus": reservation.num_cpus,
                 "num_gpus": reservation.num_gpus,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=reservation.bundle_index
+                    pg, placement_group_bundle_index=reservation.bundle_index
                 ),
                 "max_restarts": 0,
             }
@@ -208,14 +204,15 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------------------- teardown
     def shutdown(self) -> None:
-        """Kill every worker and release the placement group. Safe to call twice."""
+        """Kill every worker and release the group's own placement group (a shared layout's stays
+        with the layout). Safe to call twice."""
         for actor in self.actors:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(actor, no_restart=True)
         self.actors = []
-        if self._pg is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
+        if self._own_pg is not None:
+            remove_placement_group(self._own_pg)
+            self._own_pg = None
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, world_size={self.world_size}, launched={bool(self.actors)})"
@@ -295,23 +292,6 @@ def worker_env(placement: Placement, cluster: Cluster) -> dict[str, str]:
                 env.update(env_config.env_vars)
     env.update(placement.visibility_env)
     return env
-
-
-def _missing_resources(plan: BundlePlan) -> str:
-    """Which node lacks what, comparing the request with Ray's available resources."""
-    try:
-        available = ray._private.state.available_resources_per_node()
-    except Exception:  # best effort diagnostics only
-        available = {}
-    lines = ["Ray could not reserve the placement group in time; requested per node:"]
-    for node, wanted in sorted(plan.per_node().items()):
-        lines.append(f"    node {node}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(wanted.items())))
-    if available:
-        lines.append("  available per Ray node id:")
-        for node_id, resources in list(available.items())[:16]:
-            shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU") or k in VISIBILITY_ENV}
-            lines.append(f"    {node_id[:12]}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(shown.items())))
-    return "\n".join(lines)
 
 
 def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:

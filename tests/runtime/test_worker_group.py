@@ -16,6 +16,7 @@ import ray
 
 from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
 from rlinfra.placement import ClusterSpec
+from rlinfra.runtime.layout import ReservationError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -264,7 +265,9 @@ def test_constructor_failure_names_rank_and_releases_everything(cluster, placeme
 def test_unsatisfiable_reservation_fails_within_the_launch_deadline(launched, cluster, placement):
     launched("actor")  # holds every GPU
     started = time.monotonic()
-    with pytest.raises(WorkerGroupError, match="could not reserve") as caught:
+    with pytest.raises(ReservationError, match="could not reserve") as caught:
         Probe.create_group().launch(cluster, placement.get_strategy("actor"), name="second", launch_timeout=2)
     assert time.monotonic() - started < 10
-    assert "node 0: CPU=4, GPU=4" in str(caught.value)
+    message = str(caught.value)
+    assert "worker group 'second'" in message
+    assert "node 0: CPU=4 requested" in message and "GPU=4 requested, 0 free (short by 4)" in message

@@ -1,0 +1,128 @@
+"""``Layout``: a job's resources reserved as one placement group, split among its components.
+
+The slime-style core: one placement group for the job, each component launched into its slice of
+the (node rank, device)-ordered bundles — colocated components share bundles with fractional
+reservations, disaggregated ones use disjoint bundles. The table itself is computed without Ray
+(``rlinfra.runtime.bundles.plan_layout``); this module reserves it, with a deadline.
+
+    with Layout(cluster, placement, ["actor", "rollout"]) as layout:
+        actor = Trainer.create_group().launch(cluster, placement.get_strategy("actor"),
+                                              name="actor", layout=layout)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from rlinfra.placement.record import VISIBILITY_ENV, Placement
+from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
+from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.errors import ClusterError
+
+NODE_ID_LABEL = "ray.io/node-id"
+DEFAULT_RESERVE_TIMEOUT_S = 120.0
+
+
+class ReservationError(ClusterError):
+    """Ray could not reserve a placement group before the deadline; says what is missing where."""
+
+
+class Layout:
+    """One placement group holding several components' resources (release it when done)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        placement: Any,
+        components: Sequence[str] | None = None,
+        *,
+        num_cpus: float | Mapping[str, float] = 1.0,
+        isolate_accelerator: bool = True,
+        timeout: float = DEFAULT_RESERVE_TIMEOUT_S,
+    ) -> None:
+        names = list(components) if components is not None else list(placement.components)
+        self.placements: dict[str, list[Placement]] = {
+            name: placement.get_placements(name, isolate_accelerator) for name in names
+        }
+        self.plan: LayoutPlan = plan_layout(self.placements, num_cpus, node_resources(cluster))
+        self.pg: PlacementGroup | None = reserve(self.plan, cluster, timeout, "layout " + ",".join(names))
+
+    def slot(self, component: str, placements: Sequence[Placement]) -> tuple[Any, list[ActorReservation]]:
+        """The placement group and reservations for ``component``, checking that the group being
+        launched has exactly the placements this layout was planned for."""
+        if self.pg is None:
+            raise ClusterError("this layout was released; create a new one")
+        if component not in self.placements:
+            raise ClusterError(
+                f"component {component!r} is not in this layout (it holds {', '.join(self.placements)})"
+            )
+        if list(placements) != self.placements[component]:
+            raise ClusterError(
+                f"component {component!r} is launched with other placements than the layout planned "
+                f"(e.g. another strategy or isolate_accelerator setting)"
+            )
+        return self.pg, self.plan.reservations[component]
+
+    def release(self) -> None:
+        """Give the placement group back to Ray. Safe to call twice."""
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+    def bundle_nodes(self) -> dict[int, str]:
+        """Bundle index → Ray node id, as Ray reports it (``placement_group_table``)."""
+        if self.pg is None:
+            return {}
+        table = ray.util.placement_group_table(self.pg)
+        return dict(table.get("bundles_to_node_id", {}))
+
+    def __enter__(self) -> Layout:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def node_resources(cluster: Cluster) -> dict[int, Mapping[str, float]]:
+    return {node.rank: node.resources for node in cluster.nodes}
+
+
+def reserve(plan: LayoutPlan, cluster: Cluster, timeout: float, what: str) -> PlacementGroup:
+    """Create the placement group with every bundle pinned to its node, and wait for it.
+
+    Ray waits forever for a feasible-but-busy reservation; this gives up at ``timeout``, removes
+    the request and raises ``ReservationError`` naming what each node lacks.
+    """
+    selectors = [{NODE_ID_LABEL: cluster.node(node).node_id} for node in plan.bundle_nodes]
+    pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
+    deadline = time.monotonic() + timeout
+    ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+    if not ready:
+        remove_placement_group(pg)
+        raise ReservationError(f"{what}: {missing_resources(plan, cluster, timeout)}")
+    return pg
+
+
+def missing_resources(plan: LayoutPlan, cluster: Cluster, timeout: float) -> str:
+    """Requested vs available resources per node, and the difference."""
+    try:
+        available = ray._private.state.available_resources_per_node()
+    except Exception:  # best effort diagnostics only
+        available = {}
+    lines = [f"Ray could not reserve the placement group within {timeout:g} s; per node:"]
+    for node, wanted in sorted(plan.per_node().items()):
+        have = available.get(cluster.node(node).node_id, {})
+        parts = []
+        for name, amount in sorted(wanted.items()):
+            free = have.get(name, 0.0)
+            short = f" (short by {amount - free:g})" if free + 1e-9 < amount else ""
+            parts.append(f"{name}={amount:g} requested, {free:g} free{short}")
+        lines.append(f"    node {node}: " + "; ".join(parts))
+    shown = ", ".join(sorted({"CPU", "GPU", *VISIBILITY_ENV} & {k for r in plan.bundles for k in r}))
+    lines.append(f"  (resources: {shown}; other jobs or groups may hold the rest)")
+    return "\n".join(lines)
