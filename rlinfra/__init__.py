@@ -14,10 +14,13 @@ _RUNTIME_NAMES = (
     "Cluster",
     "ClusterError",
     "GroupCall",
+    "Layout",
     "RankFailure",
+    "ReservationError",
     "Worker",
     "WorkerGroup",
     "WorkerGroupError",
+    "fuse",
 )
 
 __all__ = ["ComponentPlacement", "PlacementError", *_RUNTIME_NAMES]

@@ -9,7 +9,6 @@ traceback.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -19,7 +18,8 @@ from rich.console import Console
 from rich.text import Text
 
 from rlinfra.cli.config_loading import ConfigError, load_config
-from rlinfra.cli.plan_view import make_console, plan_to_dict, render_plan, save_map_svg
+from rlinfra.cli.layout_view import LayoutError, plan_job_layout
+from rlinfra.cli.plan_view import dumps_plan, make_console, plan_to_dict, render_plan, save_map_svg
 from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
 from rlinfra.placement.cluster_spec import parse_nodes_spec
 from rlinfra.placement.config_access import to_plain
@@ -53,10 +53,12 @@ def plan(
         bool, typer.Option("--all", help="Show every rank and every node (no truncation).")
     ] = False,
 ) -> None:
-    """Show where every process would run: a table per strategy and a node × device map.
+    """Show where every process would run: a table per strategy, a node × device map and the layout.
 
     Resolves the config exactly as a launch would, but on a described cluster instead of a live
-    one, so no Ray is needed. --json prints the plan for other tools instead.
+    one, so no Ray is needed. The layout is the job's one placement group: each component's bundles,
+    what each process reserves and which components share devices. --json prints the plan for other
+    tools instead.
     """
     errors = make_console(stderr=True)
     try:
@@ -64,15 +66,16 @@ def plan(
         counts = accelerator_counts(cfg.cluster, nodes, errors)
         spec = ClusterSpec.from_config(cfg.cluster, counts)
         placement = ComponentPlacement(cfg, spec)
-    except (ConfigError, PlacementError) as error:
+        layout = plan_job_layout(placement)
+    except (ConfigError, PlacementError, LayoutError) as error:
         fail(errors, error)
     if svg is not None:
         # Before any output, so an unwritable path fails cleanly instead of after half a plan.
         _write_svg(svg, spec, placement, show_all, errors)
     if as_json:
-        typer.echo(json.dumps(plan_to_dict(spec, placement), indent=2))
+        typer.echo(dumps_plan(plan_to_dict(spec, placement, layout)))
     else:
-        render_plan(make_console(), spec, placement, show_all)
+        render_plan(make_console(), spec, placement, layout, show_all)
     if svg is not None:
         errors.print(f"wrote the node × device map to {svg}", style="dim")
 

@@ -1,4 +1,4 @@
-"""Showing a resolved plan: rich tables per strategy, the node × device map, JSON, SVG.
+"""Showing a resolved plan: rich tables per strategy, the node × device map, the layout, JSON, SVG.
 
 Big plans stay readable and fast: tables show the first and last ranks and the map the first
 nodes unless the caller asks for everything, so planning 1,000 nodes does not print 8,000 rows.
@@ -8,22 +8,28 @@ Each component keeps one color everywhere, so a rank in a table can be found on 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from rlinfra.cli.device_map import DeviceMap, NodeRow, Occupants, build_device_map
+from rlinfra.cli.layout_view import layout_to_dict, render_layout
 from rlinfra.placement import ClusterSpec, ComponentPlacement, Placement
 from rlinfra.placement.errors import short_ranks
+
+if TYPE_CHECKING:
+    from rlinfra.runtime.bundles import LayoutPlan
 
 HEAD_ROWS = 16
 TAIL_ROWS = 4
 MAP_NODES = 32
 MAX_SVG_WIDTH = 400
+JSON_INDENT = "  "
 
 _PALETTE = (
     "cyan",
@@ -73,7 +79,7 @@ def format_ranks(ranks: Sequence[int]) -> str:
     return text if len(ranks) <= 2 else f"{text} ({len(ranks)})"
 
 
-def plan_to_dict(spec: ClusterSpec, placement: ComponentPlacement) -> dict[str, Any]:
+def plan_to_dict(spec: ClusterSpec, placement: ComponentPlacement, layout: LayoutPlan) -> dict[str, Any]:
     """The machine-readable plan printed by ``rlinfra plan --json`` (a contract other tools read)."""
     return {
         "cluster": {"nodes": [node.num_accelerators for node in spec.nodes]},
@@ -86,11 +92,31 @@ def plan_to_dict(spec: ClusterSpec, placement: ComponentPlacement) -> dict[str, 
             }
             for name in placement.components
         },
+        "layout": layout_to_dict(layout, placement),
     }
 
 
-def render_plan(console: Console, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
-    """Header, one table per strategy, then the node × device map."""
+def dumps_plan(value: Any, level: int = 0) -> str:
+    """JSON text of a plan: objects indented, and each record of a list of records on one line.
+
+    Parses like any JSON; reads better than ``indent=2`` for thousands of placements and is about
+    four times faster, because each record is written by the C encoder (``indent`` is not).
+    """
+    if isinstance(value, dict) and value:
+        inner = JSON_INDENT * (level + 1)
+        items = [f"{inner}{json.dumps(key)}: {dumps_plan(item, level + 1)}" for key, item in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + JSON_INDENT * level + "}"
+    if isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        inner = JSON_INDENT * (level + 1)
+        records = ",\n".join(inner + json.dumps(item) for item in value)
+        return "[\n" + records + "\n" + JSON_INDENT * level + "]"
+    return json.dumps(value)
+
+
+def render_plan(
+    console: Console, spec: ClusterSpec, placement: ComponentPlacement, layout: LayoutPlan, show_all: bool
+) -> None:
+    """Header, one table per strategy, the node × device map, then the layout and relations."""
     colors = component_colors(placement.components)
     console.print(Text.assemble(("Cluster: ", "bold"), spec.describe()))
     for names in strategy_groups(placement):
@@ -98,6 +124,8 @@ def render_plan(console: Console, spec: ClusterSpec, placement: ComponentPlaceme
         console.print(strategy_table(names, placement, colors, show_all))
     console.print()
     console.print(map_table(build_device_map(spec, placement, None if show_all else MAP_NODES), colors))
+    console.print()
+    render_layout(console, layout, placement, colors, show_all)
 
 
 def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:

@@ -1,18 +1,30 @@
-"""The runtime layer: Ray connection, worker groups, failure surfacing."""
+"""The runtime layer: Ray connection, worker groups, layouts, failure surfacing.
 
-from rlinfra.runtime.calls import GroupCall
-from rlinfra.runtime.cluster import Cluster
-from rlinfra.runtime.errors import ClusterError, RankFailure, WorkerGroupError
-from rlinfra.runtime.group import GroupMethod, WorkerGroup
-from rlinfra.runtime.worker import Worker
+Names are loaded on first use: ``rlinfra.runtime.bundles`` (the pure layout table) must stay
+importable without pulling in Ray, for ``rlinfra plan``.
+"""
 
-__all__ = [
-    "Cluster",
-    "ClusterError",
-    "GroupCall",
-    "GroupMethod",
-    "RankFailure",
-    "Worker",
-    "WorkerGroup",
-    "WorkerGroupError",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "Cluster": "rlinfra.runtime.cluster",
+    "ClusterError": "rlinfra.runtime.errors",
+    "GroupCall": "rlinfra.runtime.calls",
+    "GroupMethod": "rlinfra.runtime.group",
+    "Layout": "rlinfra.runtime.layout",
+    "RankFailure": "rlinfra.runtime.errors",
+    "ReservationError": "rlinfra.runtime.layout",
+    "Worker": "rlinfra.runtime.worker",
+    "WorkerGroup": "rlinfra.runtime.group",
+    "WorkerGroupError": "rlinfra.runtime.errors",
+    "fuse": "rlinfra.runtime.fused",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'rlinfra.runtime' has no attribute {name!r}")

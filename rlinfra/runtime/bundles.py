@@ -150,7 +150,8 @@ def plan_layout(
             reserved = kind in VISIBILITY_ENV or kind in node_resources.get(node, {})
             if devices and reserved:
                 bundles[index][kind] = float(len(ordered[index][3]))
-            rows.append(_reservation(index, cpus[name], kind, device_share if reserved else 0.0, placement))
+            share = device_share if reserved else 0.0
+            rows.append(_reservation(name, index, cpus[name], kind, share, placement))
         reservations[name] = rows
     for bundle in bundles:
         bundle["CPU"] = max(bundle["CPU"], MIN_BUNDLE_CPU)
@@ -165,13 +166,13 @@ def _devices(placement: Placement) -> list[Device]:
 
 
 def _reservation(
-    index: int, num_cpus: float, kind: str, device_share: float, placement: Placement
+    component: str, index: int, num_cpus: float, kind: str, device_share: float, placement: Placement
 ) -> ActorReservation:
     share = round(device_share, 4)  # Ray's resource precision
     if share > 1 and share != int(share):
         raise ValueError(
-            f"rank {placement.rank} would reserve {share:g} {kind}s: Ray cannot reserve a fraction "
-            f"above 1; give each device it shares the same number of processes"
+            f"component {component!r}: rank {placement.rank} would reserve {share:g} {kind}s: Ray "
+            f"cannot reserve a fraction above 1; give each device it shares the same number of processes"
         )
     if kind == "GPU":
         return ActorReservation(index, num_cpus, share)

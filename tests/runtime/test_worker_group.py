@@ -6,7 +6,10 @@ node 2 a robot node (two robots from the config, no GPUs), node 3 CPU-only.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -271,3 +274,22 @@ def test_unsatisfiable_reservation_fails_within_the_launch_deadline(launched, cl
     message = str(caught.value)
     assert "worker group 'second'" in message
     assert "node 0: CPU=4 requested" in message and "GPU=4 requested, 0 free (short by 4)" in message
+
+
+def test_a_second_driver_attaches_by_address_and_leaves_the_cluster_running(cluster):
+    address = ray.get_runtime_context().gcs_address
+    script = (
+        "import json\n"
+        "from rlinfra import Cluster\n"
+        f"c = Cluster(cluster_cfg={{'num_nodes': 4, 'address': {address!r}}})\n"
+        "print(json.dumps([n.node_id for n in c.nodes]))\n"
+        "c.shutdown()\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=90, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [node.node_id for node in cluster.nodes]
+    assert ray.get(ray.put("still here"), timeout=10) == "still here"
+    assert len(cluster.dead_node_ranks()) == 0

@@ -1,0 +1,245 @@
+"""The job's layout in ``rlinfra plan``: one placement group, and each component's slice of it.
+
+The table is computed by ``rlinfra.runtime.bundles.plan_layout`` — the same function a live
+``Layout`` reserves from — so what the plan shows is what a launch asks Ray for: the bundles in
+(node rank, device id) order, every component's runs of bundle indices, what each process
+reserves inside its bundle (``1/users`` of a shared device) and how components relate
+(colocated, disaggregated or partly colocated). The human view stays a few lines however big the
+job: one row per component (devices summarised per node), relations among the first components.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rlinfra.placement import ComponentPlacement
+from rlinfra.placement.errors import short_ranks
+from rlinfra.placement.record import VISIBILITY_ENV
+from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
+
+LAYOUT_ROWS = 32  # components shown in the layout table without --all
+RELATION_COMPONENTS = 12  # relations are listed among this many components without --all
+DEVICE_PARTS = 3  # distinct per-node device sets shown in one cell
+RESERVATION_PARTS = 3  # distinct per-process reservations shown in one cell
+NODE_KIND = "node"
+
+
+class LayoutError(ValueError):
+    """The placements cannot be reserved as one placement group (e.g. a fraction above 1)."""
+
+
+def plan_job_layout(placement: ComponentPlacement) -> LayoutPlan:
+    """Every component of the config in one placement group, as a live ``Layout`` would plan it."""
+    placements = {name: placement.get_placements(name) for name in placement.components}
+    try:
+        return plan_layout(placements)
+    except ValueError as error:
+        raise LayoutError(f"cannot lay the job out as one placement group: {error}") from None
+
+
+# --- JSON ------------------------------------------------------------------------------------------
+
+
+def layout_to_dict(layout: LayoutPlan, placement: ComponentPlacement) -> dict[str, Any]:
+    """The ``"layout"`` object of ``rlinfra plan --json``: bundles, slices, reservations, relations."""
+    return {
+        "bundles": [
+            {"index": index, "node": node, "devices": list(devices), "resources": dict(resources)}
+            for index, (resources, node, devices) in enumerate(
+                zip(layout.bundles, layout.bundle_nodes, layout.bundle_devices, strict=True)
+            )
+        ],
+        "components": {
+            name: {
+                "slices": [list(run) for run in layout.slices(name)],
+                "reservations": [_reservation_dict(row) for row in layout.reservations[name]],
+            }
+            for name in placement.components
+        },
+        "relations": [
+            {"a": first, "b": second, "relation": layout.relation(first, second)}
+            for first, second in _pairs(placement.components)
+        ],
+    }
+
+
+def _reservation_dict(row: ActorReservation) -> dict[str, Any]:
+    return {
+        "bundle_index": row.bundle_index,
+        "num_cpus": row.num_cpus,
+        "num_gpus": row.num_gpus,
+        "resources": dict(row.resources),
+    }
+
+
+def _pairs(names: list[str]) -> list[tuple[str, str]]:
+    return [(first, second) for index, first in enumerate(names) for second in names[index + 1 :]]
+
+
+# --- human view --------------------------------------------------------------------------------------
+
+
+def render_layout(
+    console: Console,
+    layout: LayoutPlan,
+    placement: ComponentPlacement,
+    colors: dict[str, str],
+    show_all: bool,
+) -> None:
+    """The layout table, then the relations between components."""
+    console.print(layout_table(layout, placement, colors, show_all))
+    relations = relations_text(layout, placement, colors, show_all)
+    if relations is not None:
+        console.print()
+        console.print(relations)
+
+
+def layout_table(
+    layout: LayoutPlan, placement: ComponentPlacement, colors: dict[str, str], show_all: bool
+) -> Table:
+    """One row per component: its bundles, the devices they hold, what each process reserves."""
+    count = len(layout.bundles)
+    title = Text.assemble(
+        ("Layout", "bold"), f" (one placement group, {count} bundle{'' if count == 1 else 's'})"
+    )
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption=_caption(layout, placement),
+        caption_justify="left",
+        header_style="bold",
+        show_edge=False,
+    )
+    for column in ("component", "bundles", "devices", "per process"):
+        table.add_column(column)
+    names = placement.components
+    shown = names if show_all else names[:LAYOUT_ROWS]
+    for name in shown:
+        kind = placement.get_placements(name)[0].hardware_type
+        indices = layout.bundle_indices(name)
+        table.add_row(
+            Text(name, style=colors[name]),
+            format_slices(layout.slices(name)),
+            devices_text(layout, indices, kind),
+            reservations_text(layout.reservations[name]),
+        )
+    if len(shown) < len(names):
+        table.add_row(f"… {len(names) - len(shown)} more", "", "--all shows every component", style="dim")
+    return table
+
+
+def _caption(layout: LayoutPlan, placement: ComponentPlacement) -> str:
+    """What the placement group reserves in all, and which hardware Ray does not know about."""
+    totals: dict[str, float] = {}
+    for bundle in layout.bundles:
+        for name, amount in bundle.items():
+            totals[name] = totals.get(name, 0.0) + amount
+    amounts = ", ".join(f"{name} {_number(totals[name])}" for name in sorted(totals, key=_resource_order))
+    nodes = len(set(layout.bundle_nodes))
+    caption = f"reserves {amounts} on {nodes} node{'' if nodes == 1 else 's'}"
+    custom = sorted(
+        {placement.get_placements(name)[0].hardware_type for name in placement.components}
+        - set(VISIBILITY_ENV)
+        - {NODE_KIND}
+    )
+    if custom:
+        caption += (
+            f"; for {', '.join(custom)}, only CPUs (Ray reserves a unit only where a node "
+            "advertises a resource of that name)"
+        )
+    return caption
+
+
+def _resource_order(name: str) -> tuple[int, str]:
+    return (1 if name == "CPU" else 0, name)
+
+
+def format_slices(slices: list[tuple[int, int]], limit: int = 4) -> str:
+    """Runs of bundle indices: ``0-7``, ``0-3,8-11``; the first runs and a count when there are many."""
+    parts = [str(offset) if length == 1 else f"{offset}-{offset + length - 1}" for offset, length in slices]
+    if len(parts) <= limit:
+        return ",".join(parts)
+    return ",".join(parts[:limit]) + f",… ({sum(length for _, length in slices)} bundles)"
+
+
+def devices_text(layout: LayoutPlan, indices: list[int], kind: str) -> str:
+    """The (node, device) span of some bundles: ``node 0: GPU 0-7``, ``node 0-1 (whole node)``.
+
+    Nodes with the same devices share one line (``node 0-999: GPU 0-7``), so the cell stays short.
+    """
+    per_node: dict[int, set[int]] = {}
+    for index in indices:
+        per_node.setdefault(layout.bundle_nodes[index], set()).update(layout.bundle_devices[index])
+    if not any(per_node.values()):
+        return f"{_node_label(sorted(per_node))} (whole node)"
+    nodes_of: dict[tuple[int, ...], list[int]] = {}
+    for node in sorted(per_node):
+        nodes_of.setdefault(tuple(sorted(per_node[node])), []).append(node)
+    parts = [f"{_node_label(nodes)}: {kind} {short_ranks(devices)}" for devices, nodes in nodes_of.items()]
+    if len(parts) > DEVICE_PARTS:
+        return "\n".join([*parts[:DEVICE_PARTS], f"… ({len(per_node)} nodes in all)"])
+    return "\n".join(parts)
+
+
+def _node_label(nodes: list[int]) -> str:
+    return f"node {short_ranks(nodes)}"
+
+
+def reservations_text(rows: list[ActorReservation]) -> str:
+    """The distinct reservations of a component's processes (``GPU 0.5, CPU 1``), one per line and
+    with process counts when they differ (``GPU 0.5, CPU 1 (4)`` / ``GPU 1, CPU 1 (8)``)."""
+    counts = Counter((row.num_gpus, tuple(sorted(row.resources.items())), row.num_cpus) for row in rows)
+    texts = [_reservation_text(*key) for key in counts]
+    if len(texts) == 1:
+        return texts[0]
+    parts = [f"{text} ({count})" for text, count in zip(texts, counts.values(), strict=True)]
+    extra = len(parts) - RESERVATION_PARTS
+    return "\n".join(parts[:RESERVATION_PARTS] + ([f"… {extra} more"] if extra > 0 else []))
+
+
+def _reservation_text(num_gpus: float, resources: tuple[tuple[str, float], ...], num_cpus: float) -> str:
+    parts = [f"GPU {_number(num_gpus)}"] if num_gpus else []
+    parts += [f"{name} {_number(amount)}" for name, amount in resources]
+    parts.append(f"CPU {_number(num_cpus)}")
+    return ", ".join(parts)
+
+
+def _number(value: float) -> str:
+    """``8000``, ``0.5``, ``0.3333`` (Ray's resource precision is 1e-4)."""
+    return str(int(value)) if value == int(value) else f"{round(value, 4):g}"
+
+
+def relations_text(
+    layout: LayoutPlan, placement: ComponentPlacement, colors: dict[str, str], show_all: bool
+) -> Text | None:
+    """``actor ↔ rollout: colocated`` for each pair of components (None for a single component).
+
+    Components written in one config key share one strategy, hence the same bundles: they are
+    colocated by definition, and marked so.
+    """
+    names = placement.components
+    if len(names) < 2:
+        return None
+    shown = names if show_all else names[:RELATION_COMPONENTS]
+    lines = [Text("Relations", style="bold")]
+    for first, second in _pairs(shown):
+        relation = layout.relation(first, second)
+        line = Text.assemble("  ", (first, colors[first]), " ↔ ", (second, colors[second]), f": {relation}")
+        if placement.get_strategy(first) is placement.get_strategy(second):
+            line.append(" (one config key)", style="dim")
+        lines.append(line)
+    total = len(names) * (len(names) - 1) // 2
+    omitted = total - len(shown) * (len(shown) - 1) // 2
+    if omitted:
+        lines.append(
+            Text(
+                f"  … {omitted} more pairs among {len(names)} components; --all or --json lists every pair",
+                style="dim",
+            )
+        )
+    return Text("\n").join(lines)
