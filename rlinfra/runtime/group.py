@@ -13,7 +13,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -167,6 +167,10 @@ class WorkerGroup:
     def ranks(self) -> list[int]:
         return list(range(len(self.actors)))
 
+    def role(self, name: str) -> WorkerGroupView:
+        """All ranks, calling role ``name`` of a fused worker: ``group.role("ref").score(x)``."""
+        return WorkerGroupView(self, None).role(name)
+
     def execute_on(self, ranks: int | Sequence[int]) -> WorkerGroupView:
         """A view of some ranks: ``group.execute_on([0, 2]).method(x).wait()``."""
         chosen = [ranks] if isinstance(ranks, int) else list(ranks)
@@ -189,10 +193,16 @@ class WorkerGroup:
         return None
 
     def _call(
-        self, action: str, refs: list[Any], ranks: list[int], timeout: float | None = None, gather=None
+        self,
+        action: str,
+        refs: list[Any],
+        ranks: list[int],
+        timeout: float | None = None,
+        gather: Callable[[list[Any]], Any] | None = None,
+        name: str | None = None,
     ) -> GroupCall:
         return GroupCall(
-            self.name,
+            name or self.name,
             action,
             refs,
             ranks,
@@ -219,11 +229,23 @@ class WorkerGroup:
 
 
 class WorkerGroupView:
-    """The ranks a call goes to (all, or a subset from ``execute_on``)."""
+    """The ranks a call goes to (all, or a subset from ``execute_on``), and for a fused worker
+    the role it goes to."""
 
-    def __init__(self, group: WorkerGroup, ranks: list[int] | None) -> None:
+    def __init__(self, group: WorkerGroup, ranks: list[int] | None, role: str | None = None) -> None:
         self._group = group
         self._ranks = ranks
+        self._role = role
+
+    def role(self, name: str) -> WorkerGroupView:
+        """The same ranks, calling role ``name`` of a fused worker (see ``rlinfra.fuse``)."""
+        roles = getattr(self._group.worker_cls, "fused_roles", {})
+        if name not in roles:
+            raise AttributeError(
+                f"worker group {self._group.name!r} has no role {name!r}"
+                + (f"; its roles are {list(roles)}" if roles else " (it is not a fused worker)")
+            )
+        return WorkerGroupView(self._group, self._ranks, name)
 
     def __getattr__(self, method: str) -> GroupMethod:
         if method.startswith("_"):
@@ -231,23 +253,25 @@ class WorkerGroupView:
         group = self._group
         if not group.actors:
             raise RuntimeError(f"worker group {group.name!r} is not launched (call .launch first)")
-        if not callable(getattr(group.worker_cls, method, None)):
-            raise AttributeError(f"{group.worker_cls.__name__} has no method {method!r}")
-        return GroupMethod(group, method, self._ranks if self._ranks is not None else group.ranks)
+        cls = group.worker_cls.fused_roles[self._role] if self._role else group.worker_cls
+        if not callable(getattr(cls, method, None)):
+            raise AttributeError(f"{cls.__name__} has no method {method!r}")
+        ranks = self._ranks if self._ranks is not None else group.ranks
+        return GroupMethod(group, method, ranks, self._role)
 
 
 class GroupMethod:
     """``group.method(...)`` broadcasts; ``.scatter(per_rank)`` and ``.split(batch)`` dispatch
-    per rank. Every form returns a ``GroupCall``."""
+    per rank. Every form returns a ``GroupCall``; errors name the role of a fused worker."""
 
-    def __init__(self, group: WorkerGroup, method: str, ranks: list[int]) -> None:
+    def __init__(self, group: WorkerGroup, method: str, ranks: list[int], role: str | None = None) -> None:
         self._group = group
         self._method = method
         self._ranks = ranks
+        self._role = role
 
     def __call__(self, *args: Any, **kwargs: Any) -> GroupCall:
-        refs = [self._remote(rank).remote(*args, **kwargs) for rank in self._ranks]
-        return self._group._call(self._method, refs, self._ranks)
+        return self._fan_out([args] * len(self._ranks), kwargs)
 
     def scatter(self, per_rank: Sequence[Any], *args: Any, **kwargs: Any) -> GroupCall:
         """Rank ``self._ranks[i]`` gets ``per_rank[i]`` as its first argument."""
@@ -256,24 +280,28 @@ class GroupMethod:
                 f"{self._group.name}.{self._method}.scatter: {len(per_rank)} values for "
                 f"{len(self._ranks)} ranks"
             )
-        refs = [
-            self._remote(rank).remote(value, *args, **kwargs)
-            for rank, value in zip(self._ranks, per_rank, strict=True)
-        ]
-        return self._group._call(self._method, refs, self._ranks)
+        return self._fan_out([(value, *args) for value in per_rank], kwargs)
 
     def split(self, batch: Any, *args: Any, **kwargs: Any) -> GroupCall:
         """Cut ``batch`` into one contiguous chunk per rank; ``wait`` concatenates the results in
         rank order (each rank must return a sequence)."""
         chunks = split_batch(batch, len(self._ranks))
-        refs = [
-            self._remote(rank).remote(chunk, *args, **kwargs)
-            for rank, chunk in zip(self._ranks, chunks, strict=True)
-        ]
-        return self._group._call(self._method, refs, self._ranks, gather=concat_chunks)
+        return self._fan_out([(chunk, *args) for chunk in chunks], kwargs, gather=concat_chunks)
 
-    def _remote(self, rank: int) -> Any:
-        return getattr(self._group.actors[rank], self._method)
+    def _fan_out(self, per_rank_args: list[tuple], kwargs: dict[str, Any], gather: Any = None) -> GroupCall:
+        actors = self._group.actors
+        if self._role is None:
+            refs = [
+                getattr(actors[rank], self._method).remote(*args, **kwargs)
+                for rank, args in zip(self._ranks, per_rank_args, strict=True)
+            ]
+        else:
+            refs = [
+                actors[rank]._rlinfra_role_call.remote(self._role, self._method, args, kwargs)
+                for rank, args in zip(self._ranks, per_rank_args, strict=True)
+            ]
+        name = f"{self._group.name}/{self._role}" if self._role else None
+        return self._group._call(self._method, refs, self._ranks, gather=gather, name=name)
 
 
 def worker_env(placement: Placement, cluster: Cluster) -> dict[str, str]:
