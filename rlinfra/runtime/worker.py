@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from rlinfra.placement.record import Placement
+from rlinfra.runtime import rendezvous
 
 if TYPE_CHECKING:
     from rlinfra.runtime.group import WorkerGroup
@@ -112,7 +112,7 @@ def _bind_context(worker: Worker, context: WorkerContext) -> None:
 class _HostMixin:
     """Methods rlinfra calls on every hosted worker; their names cannot clash with user methods."""
 
-    _rlinfra_port_socket: socket.socket | None = None
+    _rlinfra_master_port: int | None = None
 
     def _rlinfra_ready(self) -> dict[str, Any]:
         context = ray.get_runtime_context()
@@ -124,20 +124,39 @@ class _HostMixin:
         }
 
     def _rlinfra_reserve_port(self) -> tuple[str, int]:
-        """Bind a free port on this node and hold it (no probe-then-bind race) until
-        ``_rlinfra_release_port`` hands it to whatever listens next."""
-        if self._rlinfra_port_socket is None:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("", 0))
-            sock.listen(1)
-            self._rlinfra_port_socket = sock
-        return ray.util.get_node_ip_address(), self._rlinfra_port_socket.getsockname()[1]
+        """Bind a free port on this node and hold it (no probe-then-bind race) until the process
+        group's store takes the very socket over, or ``_rlinfra_release_port``."""
+        if not rendezvous.holds_port(self._rlinfra_master_port):
+            self._rlinfra_master_port = rendezvous.hold_port()
+        return ray.util.get_node_ip_address(), self._rlinfra_master_port
 
     def _rlinfra_release_port(self) -> None:
-        if self._rlinfra_port_socket is not None:
-            self._rlinfra_port_socket.close()
-            self._rlinfra_port_socket = None
+        rendezvous.release_port(self._rlinfra_master_port)
+
+    def _rlinfra_init_distributed(self, backend: str | None, timeout_s: float) -> str:
+        return rendezvous.init_process_group(backend, timeout_s)
+
+    def _rlinfra_destroy_distributed(self) -> None:
+        rendezvous.destroy_process_group()
+
+    def _rlinfra_reserve_cross_port(self, name: str) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), rendezvous.reserve_cross_port(name)
+
+    def _rlinfra_join_cross_group(
+        self,
+        name: str,
+        address: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str | None,
+        timeout_s: float,
+    ) -> str:
+        joined = rendezvous.join_cross_group(name, address, port, rank, world_size, backend, timeout_s)
+        return joined.backend
+
+    def _rlinfra_leave_cross_group(self, name: str) -> None:
+        rendezvous.leave_cross_group(name)
 
     def _rlinfra_set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
