@@ -14,11 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from rlinfra.runtime.errors import RankFailure, WorkerGroupError
 
 FAILURE_GRACE_S = 0.5
+# Ray declares a node dead after its health checks fail (about 1.5 s in rlinfra's embedded Ray,
+# 15 s with Ray's defaults); an unreachable worker waits this long for that verdict.
+NODE_VERDICT_S = 3.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -29,6 +32,8 @@ def describe_failure(error: BaseException) -> tuple[str, str]:
         cause = error.cause if getattr(error, "cause", None) is not None else error
         reason = _ANSI.sub("", f"{type(cause).__name__}: {cause}").splitlines()[0]
         return reason, text
+    if isinstance(error, ActorUnavailableError):
+        return "the worker became unreachable", text
     if isinstance(error, RayActorError):
         if "creation task" in text:
             last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
@@ -60,6 +65,7 @@ class GroupCall:
         self._gather = gather
         self._dead_nodes = dead_nodes
         self._rank_of = dict(zip(self.refs, self.ranks, strict=True))
+        self._unreachable: set[int] = set()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Results in rank order (or gathered, for a split call). Raises ``WorkerGroupError`` at
@@ -105,11 +111,26 @@ class GroupCall:
             except (GetTimeoutError, ray.exceptions.RayError) as error:
                 reason, trace = describe_failure(error)
                 failures[rank] = RankFailure(rank, self._node_of_rank(rank), reason, trace)
+                if isinstance(error, ActorUnavailableError):
+                    self._unreachable.add(rank)
+
+    def _settled_dead_nodes(self) -> set[int]:
+        """Dead node ranks. A worker that became unreachable (connection reset) may be the first
+        sign of a lost node, seen before Ray's health checks declare it: then wait, at most
+        ``NODE_VERDICT_S``, for Ray's verdict on that node, so the error can say what happened."""
+        dead = self._dead_nodes()
+        suspects = {self._node_of_rank(rank) for rank in self._unreachable} - dead - {None}
+        deadline = time.monotonic() + NODE_VERDICT_S
+        while suspects and time.monotonic() < deadline:
+            time.sleep(0.1)
+            dead = self._dead_nodes()
+            suspects -= dead
+        return dead
 
     def _blame_lost_nodes(self, failures: dict[int, RankFailure], pending: list[int]) -> list[int]:
         """When a failed rank's node is gone, say so, and fail every pending rank on that node
         too (they can never answer); returns the ranks still pending after that."""
-        dead = self._dead_nodes()
+        dead = self._settled_dead_nodes()
         if not dead:
             return pending
         for rank, failure in list(failures.items()):
