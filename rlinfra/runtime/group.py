@@ -5,6 +5,12 @@
 bundles are pinned to the exact nodes (``ray.io/node-id`` label selectors) and ordered by (node
 rank, device). Any public method called on the group fans out to all ranks and returns a
 ``GroupCall``; ``.scatter`` and ``.split`` are the explicit per-rank dispatch choices.
+
+Each worker's environment is composed by ``rlinfra.services.env`` (one precedence for class
+defaults, the driver's allow-list, node group, component and rlinfra's values) and set inside the
+process; ``cluster.secrets`` reach workers by object reference (``rlinfra.services.secrets``);
+topology constraints are checked against the nodes before reserving
+(``rlinfra.services.topology``), and where Ray put each bundle is checked after.
 """
 
 from __future__ import annotations
@@ -20,13 +26,19 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlinfra.placement.constraints import process_constraints
+from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import PlacementStrategy
-from rlinfra.runtime.bundles import ActorReservation, plan_layout
+from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
 from rlinfra.runtime.calls import GroupCall, concat_chunks, describe_failure, split_batch
 from rlinfra.runtime.cluster import Cluster
-from rlinfra.runtime.layout import Layout, node_resources, reserve
+from rlinfra.runtime.errors import ClusterError
+from rlinfra.runtime.layout import Layout, node_resources, reserve, reserved_bundle_nodes
 from rlinfra.runtime.worker import WorkerContext, hosted_class
+from rlinfra.services.env import ResolvedEnv, parse_allowlist, resolve_worker_env
+from rlinfra.services.secrets import SecretsChannel, parse_secrets, publish_secrets
+from rlinfra.services.topology import BundleNode, bundle_report
 
 logger = logging.getLogger("rlinfra")
 
@@ -46,7 +58,11 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self.worker_info: list[dict[str, Any]] = []
         self.call_timeout = DEFAULT_CALL_TIMEOUT_S
+        self.max_concurrency = 1
         self._own_pg: PlacementGroup | None = None
+        self._pg: PlacementGroup | None = None
+        self._plan: tuple[LayoutPlan, str] | None = None
+        self._secrets: SecretsChannel | None = None
         self._cluster: Cluster | None = None
 
     # ----------------------------------------------------------------------------------- launch
@@ -61,6 +77,7 @@ class WorkerGroup:
         layout: Layout | None = None,
         launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S,
         call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        max_concurrency: int = 1,
     ) -> WorkerGroup:
         """Start every rank and return when all are ready; on any failure release everything
         and raise ``WorkerGroupError`` naming the ranks, their nodes and the tracebacks.
@@ -68,22 +85,41 @@ class WorkerGroup:
         With ``layout``, the workers go into the layout's placement group (shared with the other
         components of the job); without, the group reserves a placement group of its own.
         ``ReservationError`` says what is missing where if resources cannot be reserved in time.
+        ``max_concurrency > 1`` runs each worker's methods in that many threads, e.g. so that a
+        rollout worker keeps generating while new weights are staged into it.
         """
         if self.actors:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
         self.name = name or self.name
         self.call_timeout = call_timeout
+        self.max_concurrency = max_concurrency
         self._cluster = cluster
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         deadline = time.monotonic() + launch_timeout
+        # Configuration mistakes (credential-like env values, unreadable secrets) fail here,
+        # before anything is reserved or started.
+        envs = self._worker_envs(cluster, placement_strategy.env_vars)
         try:
+            self._secrets = publish_secrets(parse_secrets(cluster.config))
             if layout is None:
-                plan = plan_layout({self.name: self.placements}, num_cpus, node_resources(cluster))
-                self._own_pg = reserve(plan, cluster, launch_timeout, f"worker group {self.name!r}")
+                constraints = {
+                    self.name: process_constraints(
+                        self.placements, placement_strategy.constraints, cluster.spec.node_groups
+                    )
+                }
+                plan = plan_layout(
+                    {self.name: self.placements}, num_cpus, node_resources(cluster), constraints
+                )
+                what = f"worker group {self.name!r}"
+                self._own_pg = reserve(plan, cluster, launch_timeout, what, constraints)
                 pg, reservations = self._own_pg, plan.reservations[self.name]
+                self._plan = (plan, self.name)
             else:
                 pg, reservations = layout.slot(self.name, self.placements)
-            self._start_actors(pg, reservations, isolate_accelerator, cluster)
+                self._plan = (layout.plan, self.name)
+            self._pg = pg
+            self._check_bundle_nodes()
+            self._start_actors(pg, reservations, isolate_accelerator, envs)
             self.worker_info = self._await_ready(deadline)
             self._check_ray_device_ids()
             self._publish_master_address(deadline)
@@ -92,16 +128,29 @@ class WorkerGroup:
             raise
         return self
 
+    def _worker_envs(self, cluster: Cluster, component_env: EnvVars) -> list[ResolvedEnv]:
+        allowlist = parse_allowlist(cluster.config)
+        return [
+            worker_env(placement, cluster, self.worker_cls, component_env, self.name, allowlist)
+            for placement in self.placements
+        ]
+
     def _start_actors(
-        self, pg: PlacementGroup, reservations: list[ActorReservation], isolate: bool, cluster: Cluster
+        self,
+        pg: PlacementGroup,
+        reservations: list[ActorReservation],
+        isolate: bool,
+        envs: list[ResolvedEnv],
     ) -> None:
         actor_cls = ray.remote(hosted_class(self.worker_cls))
-        for placement, reservation in zip(self.placements, reservations, strict=True):
+        for placement, reservation, env in zip(self.placements, reservations, envs, strict=True):
             context = WorkerContext(
                 self.name,
                 placement,
-                worker_env(placement, cluster),
+                dict(env.values),
                 unset_env=() if isolate else tuple(VISIBILITY_ENV.values()),
+                merge_env=env.merge_with_inherited,
+                secrets=self._secrets,
             )
             options: dict[str, Any] = {
                 "name": f"{self.name}:{placement.rank}",
@@ -111,10 +160,30 @@ class WorkerGroup:
                     pg, placement_group_bundle_index=reservation.bundle_index
                 ),
                 "max_restarts": 0,
+                "max_concurrency": self.max_concurrency,
             }
             if reservation.resources:
                 options["resources"] = dict(reservation.resources)
             self.actors.append(actor_cls.options(**options).remote(context, *self._args, **self._kwargs))
+
+    def bundle_report(self) -> list[BundleNode]:
+        """Rank → bundle → node: as planned, and as Ray reports it (``placement_group_table``)."""
+        if self._plan is None or self._cluster is None:
+            raise RuntimeError(f"worker group {self.name!r} is not launched (call .launch first)")
+        plan, component = self._plan
+        return bundle_report(plan, component, reserved_bundle_nodes(self._pg), self._cluster.nodes)
+
+    def _check_bundle_nodes(self) -> None:
+        """Label selectors pin every bundle to its node, so a bundle elsewhere would be a Ray bug
+        or a node-id mix-up; either would silently break rank → device stability."""
+        wrong = [row for row in self.bundle_report() if not row.matches]
+        if wrong:
+            row = wrong[0]
+            raise ClusterError(
+                f"worker group {self.name!r}: Ray placed bundle {row.bundle_index} (rank {row.rank}) on "
+                f"node {row.node_rank if row.node_rank is not None else row.node_id or '?'}, planned on "
+                f"node {row.planned_node_rank} ({len(wrong)} rank(s) misplaced)"
+            )
 
     def _await_ready(self, deadline: float) -> list[dict[str, Any]]:
         refs = [actor._rlinfra_ready.remote() for actor in self.actors]
@@ -223,6 +292,8 @@ class WorkerGroup:
         if self._own_pg is not None:
             remove_placement_group(self._own_pg)
             self._own_pg = None
+        self._pg = None
+        self._secrets = None  # drops the driver's reference: the secrets object is freed
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, world_size={self.world_size}, launched={bool(self.actors)})"
@@ -304,22 +375,24 @@ class GroupMethod:
         return self._group._call(self._method, refs, self._ranks, gather=gather, name=name)
 
 
-def worker_env(placement: Placement, cluster: Cluster) -> dict[str, str]:
-    """The per-process environment rlinfra computes: ranks, visibility, the node group's env."""
-    env = {
-        "RANK": str(placement.rank),
-        "WORLD_SIZE": str(placement.world_size),
-        "LOCAL_RANK": str(placement.local_rank),
-        "LOCAL_WORLD_SIZE": str(placement.local_world_size),
-        "NODE_RANK": str(placement.cluster_node_rank),
-    }
-    group = cluster.spec.node_groups.get(placement.node_group_label)
-    if group is not None:
-        for env_config in group.env_configs:
-            if placement.cluster_node_rank in env_config.node_ranks:
-                env.update(env_config.env_vars)
-    env.update(placement.visibility_env)
-    return env
+def worker_env(
+    placement: Placement,
+    cluster: Cluster,
+    worker_cls: type | None = None,
+    component_env: EnvVars = NO_ENV_VARS,
+    component: str = "",
+    allowlist: Sequence[str] | None = None,
+) -> ResolvedEnv:
+    """The environment of one process, with each value's source (``rlinfra.services.env``): class
+    defaults < the driver's allow-listed variables < node group < component < rlinfra's."""
+    return resolve_worker_env(
+        placement,
+        cluster.spec,
+        worker_cls=worker_cls,
+        component_env=component_env,
+        component=component,
+        allowlist=parse_allowlist(cluster.config) if allowlist is None else allowlist,
+    )
 
 
 def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:

@@ -1,0 +1,20 @@
+"""Weight updates behind a version barrier: prepare → pause → swap → verify → resume."""
+
+from rlinfra.services.weights.barrier import UpdateReport, WeightSync, WeightSyncError
+from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
+from rlinfra.services.weights.roles import WeightReceiver, WeightSender, WeightsPausedError, WeightsView
+from rlinfra.services.weights.staleness import Stamped, filter_stale
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "Manifest",
+    "Stamped",
+    "UpdateReport",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSync",
+    "WeightSyncError",
+    "WeightsPausedError",
+    "WeightsView",
+    "filter_stale",
+]

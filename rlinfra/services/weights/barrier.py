@@ -1,0 +1,267 @@
+"""``WeightSync``: move new weights from the trainer to rollout workers behind a version barrier.
+
+    prepare  (generation goes on)   stage version v into every worker's shadow buffer
+    pause                            close the gate (owner + lease), drain in-flight generation
+    swap                             shadow becomes current: O(1), nothing is copied while paused
+    verify                           every worker serves v and holds exactly the trainer's bytes
+    resume   (always, in a finally)  reopen the gate — whatever failed before
+
+A failure anywhere rolls every surviving worker back to the previous version (nothing ever
+serves a mix of versions), leaves the version number unchanged, and raises ``WeightSyncError``
+naming the step and the workers. slime pauses generation for the whole transfer and its lock has
+no timeout; here only the O(1) swap and a checksum comparison happen while paused.
+
+Transports: ``"object_store"`` (default; buckets go through Ray's object store one at a time, so
+at most two buckets are in flight; zero-copy reads on one node, works across nodes) and
+``"broadcast"`` (a torch.distributed cross-component group from ``rlinfra.rendezvous``: gloo here,
+nccl on GPUs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.group import WorkerGroup
+from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
+
+TRANSPORTS = ("object_store", "broadcast")
+# Reasons (from rlinfra.runtime.calls) that mean a worker is gone rather than merely failing.
+_GONE = ("the worker process died", "the worker became unreachable", "its node")
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update failed; every surviving worker was rolled back and resumed."""
+
+    def __init__(self, step: str, version: int, serving: int, cause: BaseException) -> None:
+        self.step = step
+        self.version = version
+        self.serving_version = serving
+        self.cause = cause
+        self.failed_ranks = cause.failed_ranks if isinstance(cause, WorkerGroupError) else []
+        super().__init__(
+            f"weight update to version {version} failed at '{step}'; every surviving worker is back "
+            f"on version {serving} and resumed.\n{cause}"
+        )
+
+
+@dataclass
+class UpdateReport:
+    """What one update cost. ``pause_s`` is the window from pause to resume, the only time
+    generation is held; ``prepare_s`` overlaps with generation."""
+
+    version: int
+    nbytes: int
+    buckets: int
+    prepare_s: float
+    pause_s: float
+    total_s: float
+    drained: list[int] = field(default_factory=list)
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return self.nbytes / max(self.prepare_s, 1e-9) / 1e9
+
+
+@dataclass
+class Prepared:
+    """Version ``version`` staged on every receiver, with the sender's checksums."""
+
+    version: int
+    manifest: Manifest
+    checksums: dict[int, int]
+    prepare_s: float
+
+
+class WeightSync:
+    """Versioned weight updates from rank ``sender_rank`` of ``sender`` to every receiver rank.
+
+    Versions are integers owned by the trainer side and must increase. ``cross_group`` is the name
+    of a cross-component process group (``rendezvous.bring_up_cross``) for the broadcast transport,
+    with the sender at cross rank 0.
+    """
+
+    def __init__(
+        self,
+        sender: WorkerGroup,
+        receivers: WorkerGroup,
+        *,
+        transport: str = "object_store",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        sender_rank: int = 0,
+        cross_group: str | None = None,
+        step_timeout_s: float = 120.0,
+        drain_timeout_s: float = 30.0,
+        lease_s: float = 60.0,
+        initial_version: int = 0,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+        if transport == "broadcast" and not cross_group:
+            raise ValueError("the broadcast transport needs cross_group=<name> (rendezvous.bring_up_cross)")
+        self.sender = sender
+        self.receivers = receivers
+        self.transport = transport
+        self.bucket_bytes = bucket_bytes
+        self.sender_rank = sender_rank
+        self.cross_group = cross_group
+        self.step_timeout_s = step_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.lease_s = lease_s
+        self.version = initial_version
+        self.alive = list(receivers.ranks)
+
+    # ------------------------------------------------------------------------------- protocol
+    def update(self, version: int) -> UpdateReport:
+        """``prepare`` then ``commit``: the whole protocol for one new version."""
+        started = time.perf_counter()
+        prepared = self.prepare(version)
+        report = self.commit(prepared)
+        report.total_s = time.perf_counter() - started
+        return report
+
+    def prepare(self, version: int) -> Prepared:
+        """Stage ``version`` into every receiver's shadow buffer while generation continues."""
+        if version <= self.version:
+            raise ValueError(f"versions must increase: {version} after {self.version}")
+        started = time.perf_counter()
+        try:
+            manifest = self._sender_call("_weights_open", version, self.bucket_bytes)
+            self._receivers_call("_weights_begin", manifest)
+            if self.transport == "object_store":
+                checksums = self._transfer_object_store(manifest)
+            else:
+                checksums = self._transfer_broadcast(manifest)
+            self._receivers_call("_weights_stage_done", version)
+        except BaseException as error:
+            self._recover(version, resume_owner=None)
+            raise self._error("prepare", version, error) from error
+        finally:
+            self._sender_call_quietly("_weights_close", version)
+        return Prepared(version, manifest, checksums, time.perf_counter() - started)
+
+    def commit(self, prepared: Prepared, while_paused: Callable[[], None] | None = None) -> UpdateReport:
+        """Pause → swap → verify → resume (always). On any failure: roll back, resume, raise.
+
+        ``while_paused`` runs with generation held, before the swap (e.g. the trainer flushing a
+        cache); if it raises, the update is rolled back like any other failure.
+        """
+        version = prepared.version
+        owner = f"weight-sync:{uuid.uuid4().hex[:8]}:v{version}"
+        step = "pause"
+        paused_at = time.perf_counter()
+        drained: list[int] = []
+        try:
+            drained = self._receivers_call("_weights_pause", owner, self.lease_s, self.drain_timeout_s)
+            if while_paused is not None:
+                step = "while paused"
+                while_paused()
+            step = "swap"
+            self._receivers_call("_weights_swap", owner, version)
+            step = "verify"
+            self._receivers_call("_weights_verify", version, prepared.checksums)
+        except BaseException as error:
+            self._recover(version, resume_owner=owner)
+            raise self._error(step, version, error) from error
+        step = "resume"
+        try:
+            self._receivers_call("_weights_resume", owner)
+        except BaseException as error:
+            raise self._error(step, version, error) from error
+        pause_s = time.perf_counter() - paused_at
+        self.version = version
+        return UpdateReport(
+            version,
+            prepared.manifest.nbytes,
+            len(prepared.manifest.buckets),
+            prepared.prepare_s,
+            pause_s,
+            prepared.prepare_s + pause_s,
+            drained,
+        )
+
+    # ----------------------------------------------------------------------------- transports
+    def _transfer_object_store(self, manifest: Manifest) -> dict[int, int]:
+        """One bucket at a time through the object store; the sender packs bucket i+1 while the
+        receivers copy bucket i, so at most two buckets are in flight."""
+        version = manifest.version
+        checksums: dict[int, int] = {}
+        count = len(manifest.buckets)
+        sender = self.sender.actors[self.sender_rank]
+        next_put = sender._weights_put.remote(version, 0) if count else None
+        for index in range(count):
+            digest, (ref,) = self._get_sender(next_put, "_weights_put")
+            next_put = sender._weights_put.remote(version, index + 1) if index + 1 < count else None
+            checksums[index] = digest
+            self._receivers_call("_weights_receive", version, index, ref)
+            del ref
+        return checksums
+
+    def _transfer_broadcast(self, manifest: Manifest) -> dict[int, int]:
+        version = manifest.version
+        sender = self.sender.actors[self.sender_rank]
+        send = sender._weights_broadcast.remote(version, self.cross_group)
+        refs = [
+            self.receivers.actors[rank]._weights_receive_broadcast.remote(version, self.cross_group)
+            for rank in self.alive
+        ]
+        checksums = self._get_sender(send, "_weights_broadcast")
+        self._wait_receivers("_weights_receive_broadcast", refs)
+        return checksums
+
+    # ---------------------------------------------------------------------------------- calls
+    def _receivers_call(self, method: str, *args: Any) -> list[Any]:
+        refs = [getattr(self.receivers.actors[rank], method).remote(*args) for rank in self.alive]
+        return self._wait_receivers(method, refs)
+
+    def _wait_receivers(self, method: str, refs: list[Any]) -> list[Any]:
+        try:
+            return self.receivers._call(method, refs, list(self.alive)).wait(timeout=self.step_timeout_s)
+        except WorkerGroupError as error:
+            self._forget_dead(error)
+            raise
+
+    def _sender_call(self, method: str, *args: Any) -> Any:
+        ref = getattr(self.sender.actors[self.sender_rank], method).remote(*args)
+        return self._get_sender(ref, method)
+
+    def _get_sender(self, ref: Any, method: str) -> Any:
+        call = self.sender._call(method, [ref], [self.sender_rank])
+        return call.wait(timeout=self.step_timeout_s)[0]
+
+    def _sender_call_quietly(self, method: str, *args: Any) -> None:
+        with contextlib.suppress(Exception):  # the sender's own failure is already being reported
+            self._sender_call(method, *args)
+
+    def _forget_dead(self, error: WorkerGroupError) -> None:
+        """Ranks whose process or node is gone take no further part (they serve nothing)."""
+        cluster = self.receivers._cluster
+        dead_nodes = cluster.dead_node_ranks() if cluster is not None else set()
+        gone = {rank for rank, failure in error.failures.items() if failure.reason.startswith(_GONE)}
+        gone |= {rank for rank in self.alive if self.receivers.node_rank_of(rank) in dead_nodes}
+        self.alive = [rank for rank in self.alive if rank not in gone]
+
+    def _recover(self, version: int, resume_owner: str | None) -> None:
+        """Roll every surviving receiver back from ``version`` (dropping staged weights), then
+        reopen the gate if it was closed. Best effort on each survivor, bounded in time."""
+        self._on_survivors("_weights_rollback", resume_owner or "", version)
+        if resume_owner is not None:
+            self._on_survivors("_weights_resume", resume_owner)
+
+    def _on_survivors(self, method: str, *args: Any) -> None:
+        refs = [getattr(self.receivers.actors[rank], method).remote(*args) for rank in self.alive]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=self.step_timeout_s)
+
+    def _error(self, step: str, version: int, error: BaseException) -> WeightSyncError:
+        if isinstance(error, WeightSyncError):
+            return error
+        serving = self.version
+        return WeightSyncError(step, version, serving, error)
