@@ -22,7 +22,7 @@ from rlinfra.services.weights import (
     WeightSyncError,
     filter_stale,
 )
-from rlinfra.services.weights.buckets import pack
+from rlinfra.services.weights.buckets import bucket_arrays
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -67,10 +67,11 @@ class CorruptingTrainer(Trainer):
 
     def _weights_put(self, version: int, index: int):
         state, spec = self._sending(version, index)
-        buffer, digest = pack(state, spec)
+        arrays, digest = bucket_arrays(state, spec)
         if index == 1:
-            buffer[7] ^= 0xFF
-        return digest, [ray.put(buffer)]
+            arrays = [array.copy() for array in arrays]
+            arrays[0][7] ^= 0xFF
+        return digest, [ray.put(arrays)]
 
 
 class Rollout(WeightReceiver, Worker):

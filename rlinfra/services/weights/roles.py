@@ -25,7 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from rlinfra.services.weights.buckets import BucketSpec, Manifest, checksum, pack, plan_buckets, unpack
+from rlinfra.services.weights.buckets import (
+    BucketSpec,
+    Manifest,
+    bucket_arrays,
+    checksum,
+    pack,
+    plan_buckets,
+    unpack,
+)
 
 DEFAULT_SERVE_TIMEOUT_S = 60.0
 
@@ -130,13 +138,18 @@ class WeightReceiver:
             shadow.buckets = [np.empty(bucket.nbytes, dtype=np.uint8) for bucket in manifest.buckets]
         state.shadow = shadow
 
-    def _weights_receive(self, version: int, index: int, payload: np.ndarray) -> int:
-        """Copy one bucket into the shadow buffer and checksum what landed there."""
+    def _weights_receive(self, version: int, index: int, payload: list[np.ndarray]) -> int:
+        """Copy one bucket's tensors (zero-copy views of the object store) into the shadow
+        buffer, then checksum what landed there."""
         shadow = self._require_shadow(version)
         target = shadow.buckets[index]
-        if payload.nbytes != target.nbytes:
-            raise ValueError(f"bucket {index}: got {payload.nbytes} bytes, expected {target.nbytes}")
-        np.copyto(target, payload.reshape(-1).view(np.uint8))
+        entries = shadow.manifest.buckets[index].entries
+        if len(payload) != len(entries):
+            raise ValueError(f"bucket {index}: got {len(payload)} tensors, expected {len(entries)}")
+        for entry, array in zip(entries, payload, strict=True):
+            if array.nbytes != entry.nbytes:
+                raise ValueError(f"{entry.name}: got {array.nbytes} bytes, expected {entry.nbytes}")
+            np.copyto(target[entry.offset : entry.offset + entry.nbytes], array)
         shadow.checksums[index] = checksum(target)
         return shadow.checksums[index]
 
@@ -254,12 +267,13 @@ class WeightSender:
         return Manifest(version, self._rlinfra_sending[2])
 
     def _weights_put(self, version: int, index: int) -> tuple[int, list[Any]]:
-        """Pack bucket ``index`` into the object store; returns its checksum and ``[ref]``."""
+        """Put bucket ``index``'s tensors into the object store as they are (one copy, no packing);
+        returns the checksum of their bytes and ``[ref]``."""
         import ray
 
         state, spec = self._sending(version, index)
-        buffer, digest = pack(state, spec)
-        return digest, [ray.put(buffer)]
+        arrays, digest = bucket_arrays(state, spec)
+        return digest, [ray.put(arrays)]
 
     def _weights_broadcast(self, version: int, group_name: str) -> dict[int, int]:
         """Send every bucket through a cross-component process group (this rank is its src)."""

@@ -1,0 +1,188 @@
+"""Weight updates: a 256 MiB state dict (many tensors of mixed sizes and dtypes) from a trainer to
+four rollout workers, on one node and across two simulated nodes, for each transport.
+
+Figures per (layout, transport), median of ``--repeat`` updates:
+
+* ``bandwidth_ratio``: the update's effective bandwidth (bytes / prepare time) over a raw baseline
+  measured in the same run — the driver ``ray.put``s the same bytes in the same bucket size and
+  four plain actors ``ray.get`` each bucket and copy it into a buffer of their own. Goal >= 0.8.
+* ``pause_fraction``: pause → resume window over the whole update. Goal <= 5 %.
+* ``checksum_fraction``: time to xxh3 the state twice (sender, then each receiver in parallel)
+  on this machine, over the whole update. Goal <= 10 %.
+
+CUDA IPC is not measured here (no GPU on this machine). The last line printed is one JSON
+object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import ray
+
+from rlinfra import Cluster, ComponentPlacement, Worker, rendezvous
+from rlinfra.services.weights import WeightReceiver, WeightSender, WeightSync
+from rlinfra.services.weights.buckets import checksum
+
+MIB = 2**20
+BUCKET_BYTES = 32 * MIB  # two in flight fit the simulated nodes' 150 MiB object stores
+
+
+def make_state(total_mib: int = 256, seed: int = 0) -> dict[str, np.ndarray]:
+    """Mixed sizes and dtypes: a big embedding, many layers, small norms and counters."""
+    rng = np.random.default_rng(seed)
+    state: dict[str, np.ndarray] = {"embed": rng.standard_normal((8192, 2048), dtype=np.float32)}  # 64 MiB
+    layer = 0
+    while sum(a.nbytes for a in state.values()) < total_mib * MIB - 2 * MIB:
+        state[f"layers.{layer}.w"] = rng.standard_normal((1024, 1024), dtype=np.float32)  # 4 MiB
+        state[f"layers.{layer}.norm"] = np.ones(1024, dtype=np.float16)
+        state[f"layers.{layer}.steps"] = np.zeros(8, dtype=np.int64)
+        layer += 1
+    return state
+
+
+class Trainer(WeightSender, Worker):
+    def __init__(self) -> None:
+        self.state = make_state()
+
+    def weights_state(self):
+        return self.state
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state.values())
+
+
+class Rollout(WeightReceiver, Worker):
+    def ping(self) -> int:
+        return self.weight_version
+
+
+@ray.remote(num_cpus=0)
+class RawReceiver:
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray] = {}
+
+    def receive(self, index: int, payload: np.ndarray) -> int:
+        target = self.buffers.setdefault(index, np.empty(payload.nbytes, dtype=np.uint8))
+        np.copyto(target, payload)
+        return payload.nbytes
+
+
+def raw_baseline(state: dict[str, np.ndarray], receivers: list) -> float:
+    """Seconds to move the same bytes, bucket by bucket, with plain put + get + copy."""
+    flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in state.values()])
+    start = time.perf_counter()
+    for index, offset in enumerate(range(0, flat.nbytes, BUCKET_BYTES)):
+        ref = ray.put(flat[offset : offset + BUCKET_BYTES])
+        ray.get([r.receive.remote(index, ref) for r in receivers], timeout=120)
+        del ref
+    return time.perf_counter() - start
+
+
+def measure(layout: str, simulate: str, rollout_placement: str, repeat: int) -> list[dict]:
+    cfg = {
+        "cluster": {
+            "num_nodes": len(simulate.split(",")),
+            "simulate": simulate,
+            "component_placement": {"trainer": "0", "rollout": rollout_placement},
+        }
+    }
+    rows = []
+    with Cluster(cluster_cfg=cfg["cluster"]) as cluster:
+        placement = ComponentPlacement(cfg, cluster)
+        trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
+        rollout = Rollout.create_group().launch(
+            cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2
+        )
+        nbytes = trainer.nbytes().wait()[0]
+        state = make_state()
+        flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in state.values()])
+        started = time.perf_counter()
+        checksum(flat)
+        checksum_s = 2 * (time.perf_counter() - started)
+        del flat
+        raw_nodes = [p.cluster_node_rank for p in rollout.placements]
+        raw = [
+            RawReceiver.options(
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                    cluster.node(node).node_id, soft=False
+                )
+            ).remote()
+            for node in raw_nodes
+        ]
+        info = rendezvous.bring_up_cross(
+            "weights", [(trainer, [0]), (rollout, rollout.ranks)], backend="gloo"
+        )
+        version = 0
+        for transport in ("object_store", "broadcast"):
+            sync = WeightSync(
+                trainer,
+                rollout,
+                transport=transport,
+                bucket_bytes=BUCKET_BYTES,
+                cross_group="weights",
+                initial_version=version,
+            )
+            updates, raws = [], []
+            for _ in range(repeat):
+                version += 1
+                updates.append(sync.update(version))
+                raws.append(raw_baseline(state, raw))
+            prepare = statistics.median(u.prepare_s for u in updates)
+            total = statistics.median(u.total_s for u in updates)
+            pause = statistics.median(u.pause_s for u in updates)
+            raw_s = statistics.median(raws)
+            row = {
+                "layout": layout,
+                "transport": transport,
+                "mib": round(nbytes / MIB, 1),
+                "update_s": round(total, 3),
+                "prepare_s": round(prepare, 3),
+                "raw_s": round(raw_s, 3),
+                "bandwidth_gbps": round(nbytes / prepare / 1e9, 3),
+                "raw_bandwidth_gbps": round(nbytes / raw_s / 1e9, 3),
+                "bandwidth_ratio": round(raw_s / prepare, 3),
+                "pause_ms": round(pause * 1e3, 1),
+                "pause_fraction": round(pause / total, 4),
+                "checksum_fraction": round(checksum_s / total, 3),
+            }
+            print(
+                f"{layout:>10} {transport:>12}: update {row['update_s']:.2f} s, "
+                f"{row['bandwidth_gbps']:.2f} GB/s vs raw {row['raw_bandwidth_gbps']:.2f} GB/s "
+                f"(ratio {row['bandwidth_ratio']:.2f}), pause {row['pause_ms']:.1f} ms "
+                f"({row['pause_fraction']:.1%}), checksums {row['checksum_fraction']:.1%}"
+            )
+            rows.append(row)
+        rendezvous.tear_down_cross(info)
+        trainer.shutdown()
+        rollout.shutdown()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    rows = measure("one node", "8", "1-4", args.repeat)
+    rows += measure("two nodes", "4,4", "1-2,4-5", args.repeat)
+    print(
+        json.dumps(
+            {
+                "benchmark": "weight_sync",
+                "rows": rows,
+                "goals": {
+                    "bandwidth_ratio": ">= 0.8",
+                    "pause_fraction": "<= 0.05",
+                    "checksum_fraction": "<= 0.10",
+                },
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
