@@ -2,9 +2,10 @@
 
 The command only wires things together: load the config, decide how many accelerators each node
 has (``--nodes``, else ``cluster.simulate``, else 8 per node), build the same ``ClusterSpec`` and
-``ComponentPlacement`` a live launch would, and hand them to the view. User mistakes (config,
-placement, ``--nodes``) exit with status 2 and a message; anything else is a bug and keeps its
-traceback.
+``ComponentPlacement`` a live launch would, and hand them to the view. ``--env COMPONENT`` shows
+one process's environment instead, composed as a launch composes it. User mistakes (config,
+placement, ``--nodes``, an unknown component) exit with status 2 and a message; anything else is
+a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,10 +20,20 @@ from rich.text import Text
 
 from rlinfra.cli.config_loading import ConfigError, load_config
 from rlinfra.cli.layout_view import LayoutError, plan_job_layout
-from rlinfra.cli.plan_view import dumps_plan, make_console, plan_to_dict, render_plan, save_map_svg
+from rlinfra.cli.plan_view import (
+    dumps_plan,
+    env_table,
+    env_to_dict,
+    make_console,
+    plan_to_dict,
+    render_plan,
+    save_map_svg,
+)
 from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
 from rlinfra.placement.cluster_spec import parse_nodes_spec
 from rlinfra.placement.config_access import to_plain
+from rlinfra.runtime.env import parse_allowlist, resolve_worker_env
+from rlinfra.runtime.secrets import parse_secrets
 
 USAGE_ERROR = 2
 DEFAULT_ACCELERATORS = 8
@@ -52,6 +63,16 @@ def plan(
     show_all: Annotated[
         bool, typer.Option("--all", help="Show every rank and every node (no truncation).")
     ] = False,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            "--env",
+            metavar="COMPONENT",
+            help="Show the environment of one process of COMPONENT, each value with its source.",
+            show_default=False,
+        ),
+    ] = None,
+    rank: Annotated[int, typer.Option("--rank", min=0, help="With --env: which rank of the component.")] = 0,
 ) -> None:
     """Show where every process would run: a table per strategy, a node × device map and the layout.
 
@@ -66,9 +87,14 @@ def plan(
         counts = accelerator_counts(cfg.cluster, nodes, errors)
         spec = ClusterSpec.from_config(cfg.cluster, counts)
         placement = ComponentPlacement(cfg, spec)
+        secrets = parse_secrets(cfg.cluster)
+        allowlist = parse_allowlist(cfg.cluster)
         layout = plan_job_layout(placement)
     except (ConfigError, PlacementError, LayoutError) as error:
         fail(errors, error)
+    if env is not None:
+        _show_env(placement, env, rank, allowlist, secrets, as_json, errors)
+        return
     if svg is not None:
         # Before any output, so an unwritable path fails cleanly instead of after half a plan.
         _write_svg(svg, spec, placement, show_all, errors)
@@ -78,6 +104,42 @@ def plan(
         render_plan(make_console(), spec, placement, layout, show_all)
     if svg is not None:
         errors.print(f"wrote the node × device map to {svg}", style="dim")
+
+
+def _show_env(
+    placement: ComponentPlacement,
+    component: str,
+    rank: int,
+    allowlist: tuple[str, ...],
+    secrets: tuple[Any, ...],
+    as_json: bool,
+    errors: Console,
+) -> None:
+    """The environment of ``component``'s rank ``rank``, as ``WorkerGroup.launch`` composes it."""
+    if component not in placement.components:
+        fail(
+            errors,
+            PlacementError(f"unknown component {component!r}", where="--env", expected=_one_of(placement)),
+        )
+    records = placement.get_placements(component)
+    if rank >= len(records):
+        fail(errors, PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank"))
+    record = records[rank]
+    resolved = resolve_worker_env(
+        record,
+        placement.cluster_spec,
+        component_env=placement.get_env_vars(component),
+        component=component,
+        allowlist=allowlist,
+    )
+    if as_json:
+        typer.echo(dumps_plan(env_to_dict(component, record, resolved, secrets)))
+    else:
+        make_console().print(env_table(component, record, resolved, secrets))
+
+
+def _one_of(placement: ComponentPlacement) -> str:
+    return "one of " + ", ".join(repr(name) for name in placement.components)
 
 
 def accelerator_counts(cluster: Mapping[str, Any], nodes: str | None, notes: Console) -> int | list[int]:

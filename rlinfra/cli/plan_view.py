@@ -1,4 +1,5 @@
-"""Showing a resolved plan: rich tables per strategy, the node × device map, the layout, JSON, SVG.
+"""Showing a resolved plan: rich tables per strategy, the node × device map, the layout, JSON, SVG,
+and (``--env``) one process's environment with the source of every value.
 
 Big plans stay readable and fast: tables show the first and last ranks and the map the first
 nodes unless the caller asks for everything, so planning 1,000 nodes does not print 8,000 rows.
@@ -24,12 +25,18 @@ from rlinfra.placement.errors import short_ranks
 
 if TYPE_CHECKING:
     from rlinfra.runtime.bundles import LayoutPlan
+    from rlinfra.runtime.env import ResolvedEnv
+    from rlinfra.runtime.secrets import SecretSpec
 
 HEAD_ROWS = 16
 TAIL_ROWS = 4
 MAP_NODES = 32
 MAX_SVG_WIDTH = 400
 JSON_INDENT = "  "
+HIDDEN_SECRET = "(secret: not shown)"
+WITHHELD = "(withheld: looks like a credential; use cluster.secrets)"
+# Set once rank 0 holds its rendezvous port, so a plan can only say where they come from.
+LAUNCH_TIME_ENV = {"MASTER_ADDR": "(rank 0's node address, set at launch)", "MASTER_PORT": "(set at launch)"}
 
 _PALETTE = (
     "cyan",
@@ -260,3 +267,55 @@ def _hardware_text(row: NodeRow, colors: dict[str, str]) -> Text:
         users = _occupants_text(occupants, colors, separator="; ") if occupants else Text("—", style="dim")
         lines.append(Text.assemble(f"{unit.name}: ", users))
     return Text("\n").join(lines)
+
+
+def env_rows(env: ResolvedEnv, secrets: Sequence[SecretSpec]) -> list[tuple[str, str, str]]:
+    """``(name, value, source)`` for every variable a process gets, sorted by name; secrets and
+    withheld variables by name only, never by value."""
+    rows = [(name, value, env.sources[name]) for name, value in env.values.items()]
+    rows += [(name, value, "rlinfra") for name, value in LAUNCH_TIME_ENV.items() if name not in env.values]
+    exposed = {spec.name: spec for spec in secrets if spec.expose_as_env}
+    rows += [(name, WITHHELD, "driver") for name in env.withheld if name not in exposed]
+    rows += [(name, HIDDEN_SECRET, f"secret ({spec.describe()})") for name, spec in exposed.items()]
+    return sorted(rows)
+
+
+def env_table(component: str, record: Placement, env: ResolvedEnv, secrets: Sequence[SecretSpec]) -> Table:
+    """NAME | VALUE | SOURCE for one process; the caption says what a plan cannot know."""
+    title = Text.assemble(
+        ("Environment of ", "bold"),
+        (f"{component} rank {record.rank}", "bold"),
+        f" · node {record.cluster_node_rank} · lowest → highest: class defaults < driver < node group "
+        "< component < rlinfra",
+    )
+    notes = ["class defaults (Worker.env_defaults) join at launch; driver values are this shell's"]
+    served = [spec.name for spec in secrets if not spec.expose_as_env]
+    if served:
+        notes.append("secrets served by self.secret() only: " + ", ".join(served))
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="\n".join(notes),
+        caption_justify="left",
+        header_style="bold",
+        show_edge=False,
+    )
+    table.add_column("NAME", no_wrap=True)
+    table.add_column("VALUE", overflow="fold")
+    table.add_column("SOURCE")
+    for name, value, source in env_rows(env, secrets):
+        hidden = value in (HIDDEN_SECRET, WITHHELD) or value in LAUNCH_TIME_ENV.values()
+        table.add_row(name, Text(value, style="dim" if hidden else ""), source)
+    return table
+
+
+def env_to_dict(
+    component: str, record: Placement, env: ResolvedEnv, secrets: Sequence[SecretSpec]
+) -> dict[str, Any]:
+    """``rlinfra plan --env NAME --json``: the same rows as the table, values of secrets omitted."""
+    return {
+        "component": component,
+        "rank": record.rank,
+        "node": record.cluster_node_rank,
+        "env": {name: {"value": value, "source": source} for name, value, source in env_rows(env, secrets)},
+    }

@@ -21,6 +21,8 @@ from rlinfra.placement.config_access import (
     require_str,
     to_plain,
 )
+from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
+from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
 from rlinfra.placement.errors import PlacementError, Span, short_ranks
 from rlinfra.placement.grammar import bounded_int
 from rlinfra.placement.resources import NODE_KIND, ResourcePool, build_pool
@@ -35,7 +37,7 @@ MAX_ACCELERATORS_PER_NODE = 1024
 _UNIFORM_SPEC = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*")
 _COUNT = re.compile(r"\s*[0-9]+\s*")
 
-_GROUP_FIELDS = ("label", "node_ranks", "hardware", "env_configs", "ignore_hardware")
+_GROUP_FIELDS = ("label", "node_ranks", "hardware", "env_configs", "ignore_hardware", "constraints")
 _ENV_FIELDS = ("node_ranks", "env_vars", "python_interpreter_path")
 
 
@@ -68,13 +70,14 @@ class EnvConfig:
     """Environment for the processes on some nodes of a group (``env_configs`` in the YAML)."""
 
     node_ranks: tuple[int, ...]
-    env_vars: Mapping[str, str] = field(default_factory=dict, compare=False)
+    env_vars: EnvVars = field(default=NO_ENV_VARS, compare=False)
     python_interpreter_path: str | None = None
 
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """A labelled set of nodes whose resources a component may be placed on."""
+    """A labelled set of nodes whose resources a component may be placed on; ``constraints`` are
+    the custom resources and node labels every process placed on the group needs."""
 
     label: str
     node_ranks: tuple[int, ...]
@@ -82,6 +85,7 @@ class NodeGroup:
     hardware: tuple[HardwareUnit, ...] = ()
     env_configs: tuple[EnvConfig, ...] = ()
     ignore_hardware: bool = False
+    constraints: Constraints = NO_CONSTRAINTS
 
 
 @dataclass(frozen=True, eq=False)
@@ -253,7 +257,10 @@ def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
     env_configs = _parse_env_configs(
         section.get("env_configs"), f"{where}.env_configs", node_ranks, num_nodes
     )
-    return NodeGroup(label, node_ranks, hardware_type, hardware, env_configs, ignore_hardware)
+    constraints = parse_constraints(
+        section.get("constraints"), f"{where}.constraints", num_nodes, allow_nodes=False
+    )
+    return NodeGroup(label, node_ranks, hardware_type, hardware, env_configs, ignore_hardware, constraints)
 
 
 def _parse_hardware(
@@ -321,36 +328,12 @@ def _parse_env_configs(
                 where=f"{entry_where}.node_ranks",
                 expected=f"node ranks among {short_ranks(node_ranks)}",
             )
-        env_vars = _parse_env_vars(section.get("env_vars"), f"{entry_where}.env_vars")
+        env_vars = parse_env_vars(section.get("env_vars"), f"{entry_where}.env_vars")
         interpreter = section.get("python_interpreter_path")
         if interpreter is not None:
             interpreter = require_str(interpreter, f"{entry_where}.python_interpreter_path")
         configs.append(EnvConfig(ranks, env_vars, interpreter))
     return tuple(configs)
-
-
-def _parse_env_vars(raw: Any, where: str) -> dict[str, str]:
-    """``env_vars`` as a mapping, or RLinf's list of one-key mappings."""
-    if raw is None:
-        return {}
-    items: list[tuple[Any, Any]] = []
-    if isinstance(raw, Mapping):
-        items = list(raw.items())
-    elif isinstance(raw, list):
-        for index, entry in enumerate(raw):
-            items.extend(as_mapping(entry, f"{where}[{index}]").items())
-    else:
-        raise PlacementError(f"expected a mapping, got {raw!r}", where=where, expected="NAME: value pairs")
-    env: dict[str, str] = {}
-    for name, value in items:
-        if not isinstance(name, str) or not name:
-            raise PlacementError(f"bad variable name {name!r}", where=where)
-        if isinstance(value, (Mapping, list)) or value is None:
-            raise PlacementError(
-                f"variable {name!r} has no scalar value", where=where, expected="a string or number"
-            )
-        env[name] = str(value)
-    return env
 
 
 def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:

@@ -12,6 +12,14 @@ from typing import Any
 
 from rlinfra.placement.cluster_spec import CLUSTER_GROUP, ClusterSpec
 from rlinfra.placement.config_access import cluster_section, reject_unknown_keys, to_plain
+from rlinfra.placement.constraints import (
+    NO_CONSTRAINTS,
+    Constraints,
+    check_nodes,
+    parse_constraints,
+    process_constraints,
+)
+from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
 from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.gc_pause import gc_paused
 from rlinfra.placement.grammar import parse_placement
@@ -24,14 +32,17 @@ from rlinfra.placement.strategies import (
     as_cluster_spec,
 )
 
-_COMPONENT_FIELDS = ("node_group", "placement")
+_COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints")
 
 
 class ComponentPlacement:
     """Placements of every component in ``cfg.cluster.component_placement`` on ``cluster``.
 
     ``cluster`` is a ``ClusterSpec`` (dry run) or a live ``rlinfra.Cluster``. Components written in
-    one key (``"actor,inference": 0-7``) share one strategy object.
+    one key (``"actor,inference": 0-7``) share one strategy object. The mapping form may also give
+    ``env_vars`` (the component's environment layer, see ``rlinfra.runtime.env``) and
+    ``constraints`` (``rlinfra.placement.constraints``); both travel on the strategy, so that
+    ``launch(cluster, placement.get_strategy(name))`` honours them.
     """
 
     def __init__(self, cfg: Any, cluster: Any) -> None:
@@ -52,6 +63,7 @@ class ComponentPlacement:
                 names = _component_names(key)
                 strategy, text = self._resolve(names, key, value)
                 placements = strategy.get_placement(self.cluster_spec)
+                self._check_constraints(strategy, placements, key)
                 for name in names:
                     self._strategies[name] = strategy
                     self._placements[name] = placements
@@ -79,6 +91,21 @@ class ComponentPlacement:
         """The placement string as the user wrote it (normalised to a string)."""
         return self._texts[self._known(name)]
 
+    def get_env_vars(self, name: str) -> EnvVars:
+        """The component's own ``env_vars`` (its node groups' ``env_configs`` are separate)."""
+        return self.get_strategy(name).env_vars
+
+    def get_constraints(self, name: str) -> Constraints:
+        """The component's own ``constraints`` (its node groups' are merged in per process)."""
+        return self.get_strategy(name).constraints
+
+    def get_process_constraints(self, name: str) -> list[Constraints]:
+        """Each rank's constraints: its node group's refined by the component's."""
+        strategy = self.get_strategy(name)
+        return process_constraints(
+            self._placements[name], strategy.constraints, self.cluster_spec.node_groups
+        )
+
     def _known(self, name: str) -> str:
         if name not in self._strategies:
             raise PlacementError(
@@ -97,6 +124,7 @@ class ComponentPlacement:
                     f"component {name!r} is placed twice", where=path, expected="each component in one key"
                 )
         node_group: Any = CLUSTER_GROUP
+        env_vars, constraints = NO_ENV_VARS, NO_CONSTRAINTS
         if isinstance(value, Mapping):
             reject_unknown_keys(value, _COMPONENT_FIELDS, path)
             if "placement" not in value:
@@ -104,6 +132,10 @@ class ComponentPlacement:
                     "missing 'placement'", where=path, expected="placement: a string such as '0-7'"
                 )
             node_group = value.get("node_group", CLUSTER_GROUP)
+            env_vars = parse_env_vars(value.get("env_vars"), f"{path}.env_vars")
+            constraints = parse_constraints(
+                value.get("constraints"), f"{path}.constraints", self.cluster_spec.num_nodes
+            )
             value = value["placement"]
         text = _placement_text(value, path)
         labels = _node_group_labels(node_group, f"{path}.node_group", self.cluster_spec)
@@ -114,7 +146,21 @@ class ComponentPlacement:
             raise error.within(where) from None
         resources = assign_resources(segments, pool, text, where)
         kind = NodePlacementStrategy if pool.is_node else FlexiblePlacementStrategy
-        return kind._trusted(resources, labels, where), text
+        strategy = kind._trusted(resources, labels, where)
+        strategy.env_vars, strategy.constraints = env_vars, constraints
+        return strategy, text
+
+    def _check_constraints(self, strategy: PlacementStrategy, placements: list[Placement], key: str) -> None:
+        """What can be checked without a live cluster: the allowed nodes, and that node group and
+        component labels agree."""
+        path = f"cluster.component_placement.{key}.constraints"
+        check_nodes(strategy.constraints, placements, f"{path}.nodes")
+        groups = self.cluster_spec.node_groups
+        if any(groups[label].constraints for label in strategy.node_groups):
+            try:
+                process_constraints(placements, strategy.constraints, groups)
+            except PlacementError as error:
+                raise error.within(f"{path}.labels") from None
 
 
 def _component_names(key: Any) -> list[str]:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlinfra.placement.cluster_spec import CLUSTER_GROUP, NODE_GROUP, ClusterSpec
+from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints
+from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars
 from rlinfra.placement.errors import PlacementError, short_ranks
 from rlinfra.placement.gc_pause import gc_paused
 from rlinfra.placement.record import Placement
@@ -52,9 +54,15 @@ def _labels(node_group: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class PlacementStrategy:
-    """Base class: subclasses say which resources each process gets; this class builds records."""
+    """Base class: subclasses say which resources each process gets; this class builds records.
+
+    ``env_vars`` and ``constraints`` are the component's own, set by ``ComponentPlacement`` from
+    the config (a strategy built by hand has none).
+    """
 
     as_nodes = False
+    env_vars: EnvVars = NO_ENV_VARS
+    constraints: Constraints = NO_CONSTRAINTS
 
     def __init__(self, node_group: str | Sequence[str], where: str) -> None:
         self.node_groups = _labels(node_group)

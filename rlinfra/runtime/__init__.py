@@ -19,6 +19,10 @@ _EXPORTS = {
     "WorkerGroup": "rlinfra.runtime.group",
     "WorkerGroupError": "rlinfra.runtime.errors",
     "fuse": "rlinfra.runtime.fused",
+    "compose_env": "rlinfra.runtime.env",
+    "looks_like_secret": "rlinfra.runtime.env",
+    "SecretError": "rlinfra.runtime.secrets",
+    "TopologyError": "rlinfra.runtime.topology",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,9 @@ component placements alone — no second source of truth:
   fractions follow the placement instead of being hard-coded;
 * processes placed on whole nodes share one CPU bundle per node;
 * a component's slice is the bundle ranges it uses: colocated components share bundles,
-  disaggregated ones use disjoint bundles, and one job may mix both.
+  disaggregated ones use disjoint bundles, and one job may mix both;
+* topology constraints (``rlinfra.placement.constraints``) add each process's custom resources
+  to its bundle and its reservation, and their node labels to the bundle's label selector.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rlinfra.placement.constraints import Constraints
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 
 MIN_BUNDLE_CPU = 0.001  # Ray rejects empty bundles; a token CPU reservation keeps one valid.
@@ -37,12 +40,14 @@ class ActorReservation:
 
 @dataclass(frozen=True)
 class LayoutPlan:
-    """Bundles of the job's placement group and every component's reservations in them."""
+    """Bundles of the job's placement group and every component's reservations in them.
+    ``bundle_labels`` are the node labels each bundle's node must carry (from constraints)."""
 
     bundles: list[dict[str, float]]
     bundle_nodes: list[int]
     bundle_devices: list[tuple[int, ...]]
     reservations: dict[str, list[ActorReservation]]
+    bundle_labels: list[dict[str, str]] = field(default_factory=list)
 
     def per_node(self) -> dict[int, dict[str, float]]:
         """Total resources requested on each node (for 'what is missing where' messages)."""
@@ -98,14 +103,17 @@ def plan_layout(
     placements: Mapping[str, Sequence[Placement]],
     num_cpus: float | Mapping[str, float] = 1.0,
     node_resources: Mapping[int, Mapping[str, float]] | None = None,
+    constraints: Mapping[str, Sequence[Constraints]] | None = None,
 ) -> LayoutPlan:
     """The layout of ``placements`` (component → its placements) in one placement group.
 
     ``num_cpus`` is per worker, for all components or per component. ``node_resources`` (node
     rank → Ray resources) lets custom hardware such as robots be reserved where a node advertises
-    a Ray resource of that name; otherwise only their CPUs are.
+    a Ray resource of that name; otherwise only their CPUs are. ``constraints`` (component → one
+    per rank) add custom resources and node labels.
     """
     node_resources = node_resources or {}
+    constraints = constraints or {}
     cpus = {name: num_cpus[name] if isinstance(num_cpus, Mapping) else num_cpus for name in placements}
 
     sets = _DisjointSets()
@@ -134,10 +142,12 @@ def plan_layout(
     index_of = {key: index for index, key in enumerate(ordered)}
 
     bundles: list[dict[str, float]] = [{"CPU": 0.0} for _ in ordered]
+    labels: list[dict[str, str]] = [{} for _ in ordered]
     reservations: dict[str, list[ActorReservation]] = {}
     for name, component_placements in placements.items():
         rows = []
-        for placement in component_placements:
+        per_rank = constraints.get(name)
+        for rank, placement in enumerate(component_placements):
             node, kind = placement.cluster_node_rank, placement.hardware_type
             devices = _devices(placement)
             if not devices:
@@ -151,11 +161,40 @@ def plan_layout(
             if devices and reserved:
                 bundles[index][kind] = float(len(ordered[index][3]))
             share = device_share if reserved else 0.0
-            rows.append(_reservation(name, index, cpus[name], kind, share, placement))
+            row = _reservation(name, index, cpus[name], kind, share, placement)
+            if per_rank is not None and per_rank[rank]:
+                row = _constrained(row, per_rank[rank], bundles[index], labels[index], name, rank)
+            rows.append(row)
         reservations[name] = rows
     for bundle in bundles:
         bundle["CPU"] = max(bundle["CPU"], MIN_BUNDLE_CPU)
-    return LayoutPlan(bundles, [key[0] for key in ordered], [key[3] for key in ordered], reservations)
+    nodes, devices = [key[0] for key in ordered], [key[3] for key in ordered]
+    return LayoutPlan(bundles, nodes, devices, reservations, labels)
+
+
+def _constrained(
+    row: ActorReservation,
+    constraints: Constraints,
+    bundle: dict[str, float],
+    bundle_labels: dict[str, str],
+    component: str,
+    rank: int,
+) -> ActorReservation:
+    """``row`` with the process's custom resources, which its bundle must hold too; the bundle's
+    node must carry every label any process in it requires."""
+    for key, value in constraints.labels:
+        if bundle_labels.setdefault(key, value) != value:
+            raise ValueError(
+                f"component {component!r}: rank {rank} needs node label {key}={value}, but a process "
+                f"sharing its devices needs {key}={bundle_labels[key]}; no node carries both"
+            )
+    if not constraints.resources:
+        return row
+    resources = dict(row.resources)
+    for name, amount in constraints.resources:
+        resources[name] = round(resources.get(name, 0.0) + amount, 4)
+        bundle[name] = round(bundle.get(name, 0.0) + amount, 4)
+    return ActorReservation(row.bundle_index, row.num_cpus, row.num_gpus, resources)
 
 
 def _devices(placement: Placement) -> list[Device]:
@@ -183,6 +222,8 @@ def plan_bundles(
     placements: Sequence[Placement],
     num_cpus: float = 1.0,
     node_resources: Mapping[int, Mapping[str, float]] | None = None,
+    constraints: Sequence[Constraints] | None = None,
 ) -> LayoutPlan:
     """The layout of a single component (a group launched on its own)."""
-    return plan_layout({"_": list(placements)}, num_cpus, node_resources)
+    per_rank = {"_": constraints} if constraints is not None else None
+    return plan_layout({"_": list(placements)}, num_cpus, node_resources, per_rank)

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from rlinfra.placement.cluster_spec import ClusterSpec, NodeSpec, parse_nodes_spec
-from rlinfra.placement.config_access import as_mapping, require_int
+from rlinfra.placement.config_access import as_mapping, require_int, to_plain
 from rlinfra.runtime.discovery import RayNode, rank_nodes
 from rlinfra.runtime.embedded import DEFAULT_SIMULATED_CPUS, EmbeddedRay
 from rlinfra.runtime.errors import ClusterError
@@ -32,7 +32,9 @@ class Cluster:
 
     Keyword arguments override the config: ``address``, ``simulate`` (``"NxG"`` or per-node
     counts), ``num_nodes``, ``node_timeout`` (seconds to wait for the nodes),
-    ``simulate_cpus`` (logical CPUs per simulated node).
+    ``simulate_cpus`` (logical CPUs per simulated node), ``simulate_resources`` and
+    ``simulate_labels`` (one mapping per simulated node: Ray custom resources and node labels,
+    to rehearse topology constraints).
     """
 
     def __init__(self, cluster_cfg: Any = None, **overrides: Any) -> None:
@@ -56,7 +58,12 @@ class Cluster:
             cpus = require_int(
                 section.get("simulate_cpus", DEFAULT_SIMULATED_CPUS), "cluster.simulate_cpus", minimum=1
             )
-            self._embedded = EmbeddedRay.start_simulated(counts, cpus_per_node=cpus)
+            self._embedded = EmbeddedRay.start_simulated(
+                counts,
+                cpus_per_node=cpus,
+                resources_per_node=_per_node(section, "simulate_resources", len(counts)),
+                labels_per_node=_per_node(section, "simulate_labels", len(counts)),
+            )
         elif address:
             ray.init(address=address, logging_level="warning")
             self._connected_here = True
@@ -152,3 +159,13 @@ class Cluster:
     @property
     def config(self) -> Mapping[str, Any]:
         return self._cfg
+
+
+def _per_node(section: Mapping[str, Any], key: str, num_nodes: int) -> list[dict[str, Any]] | None:
+    """``cluster.simulate_resources`` / ``simulate_labels``: a list with one mapping per node."""
+    raw = to_plain(section.get(key))
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != num_nodes:
+        raise ClusterError(f"cluster.{key} must list one mapping per simulated node ({num_nodes})")
+    return [dict(as_mapping(entry or {}, f"cluster.{key}[{index}]")) for index, entry in enumerate(raw)]

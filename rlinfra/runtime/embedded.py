@@ -47,19 +47,25 @@ class EmbeddedRay:
         accelerators_per_node: Sequence[int],
         cpus_per_node: int = DEFAULT_SIMULATED_CPUS,
         resources_per_node: Sequence[dict[str, float]] | None = None,
+        labels_per_node: Sequence[dict[str, str]] | None = None,
     ) -> EmbeddedRay:
         """One real raylet per simulated node, each labelled with its node rank so that ranks
-        are stable across restarts (simulated nodes share one IP)."""
+        are stable across restarts (simulated nodes share one IP); ``resources_per_node`` and
+        ``labels_per_node`` add custom resources and labels per node."""
         from ray.cluster_utils import Cluster as RayTestCluster
 
         extra = list(resources_per_node or [{} for _ in accelerators_per_node])
+        labels = [
+            {**{str(k): str(v) for k, v in node.items()}, NODE_RANK_LABEL: str(rank)}
+            for rank, node in enumerate(labels_per_node or [{} for _ in accelerators_per_node])
+        ]
         simulated = RayTestCluster(
             initialize_head=True,
             head_node_args={
                 "num_cpus": cpus_per_node,
                 "num_gpus": accelerators_per_node[0],
                 "resources": extra[0],
-                "labels": {NODE_RANK_LABEL: "0"},
+                "labels": labels[0],
                 "include_dashboard": False,
                 "_system_config": HEALTH_CHECK_CONFIG,
             },
@@ -70,7 +76,7 @@ class EmbeddedRay:
                     num_cpus=cpus_per_node,
                     num_gpus=count,
                     resources=extra[rank],
-                    labels={NODE_RANK_LABEL: str(rank)},
+                    labels=labels[rank],
                 )
             ray.init(address=simulated.address, **_quiet())
         except BaseException:

@@ -6,11 +6,11 @@ bundles are pinned to the exact nodes (``ray.io/node-id`` label selectors) and o
 rank, device). Any public method called on the group fans out to all ranks and returns a
 ``GroupCall``; ``.scatter`` and ``.split`` are the explicit per-rank dispatch choices.
 
-Each worker's environment is composed by ``rlinfra.services.env`` (one precedence for class
+Each worker's environment is composed by ``rlinfra.runtime.env`` (one precedence for class
 defaults, the driver's allow-list, node group, component and rlinfra's values) and set inside the
-process; ``cluster.secrets`` reach workers by object reference (``rlinfra.services.secrets``);
+process; ``cluster.secrets`` reach workers by object reference (``rlinfra.runtime.secrets``);
 topology constraints are checked against the nodes before reserving
-(``rlinfra.services.topology``), and where Ray put each bundle is checked after.
+(``rlinfra.runtime.topology``), and where Ray put each bundle is checked after.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from rlinfra.placement.strategies import PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
 from rlinfra.runtime.calls import GroupCall, concat_chunks, describe_failure, split_batch
 from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, parse_allowlist, resolve_worker_env
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.layout import Layout, node_resources, reserve, reserved_bundle_nodes
+from rlinfra.runtime.secrets import SecretsChannel, parse_secrets, publish_secrets
+from rlinfra.runtime.topology import BundleNode, bundle_report
 from rlinfra.runtime.worker import WorkerContext, hosted_class
-from rlinfra.services.env import ResolvedEnv, parse_allowlist, resolve_worker_env
-from rlinfra.services.secrets import SecretsChannel, parse_secrets, publish_secrets
-from rlinfra.services.topology import BundleNode, bundle_report
 
 logger = logging.getLogger("rlinfra")
 
@@ -84,9 +84,13 @@ class WorkerGroup:
 
         With ``layout``, the workers go into the layout's placement group (shared with the other
         components of the job); without, the group reserves a placement group of its own.
-        ``ReservationError`` says what is missing where if resources cannot be reserved in time.
-        ``max_concurrency > 1`` runs each worker's methods in that many threads, e.g. so that a
-        rollout worker keeps generating while new weights are staged into it.
+        ``ReservationError`` says what is missing where if resources cannot be reserved in time;
+        ``TopologyError`` (at once) names a constraint no node can meet; ``PlacementError`` (a
+        credential-like environment value) and ``SecretError`` (an unreadable secret) come before
+        anything is reserved. Environment, secrets and constraints come from ``cluster.config``
+        and from the strategy (``ComponentPlacement`` puts the component's ``env_vars`` and
+        ``constraints`` on it). ``max_concurrency > 1`` runs each worker's methods in that many
+        threads, e.g. so that a rollout worker keeps generating while new weights are staged into it.
         """
         if self.actors:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
@@ -129,11 +133,14 @@ class WorkerGroup:
         return self
 
     def _worker_envs(self, cluster: Cluster, component_env: EnvVars) -> list[ResolvedEnv]:
-        allowlist = parse_allowlist(cluster.config)
-        return [
-            worker_env(placement, cluster, self.worker_cls, component_env, self.name, allowlist)
-            for placement in self.placements
-        ]
+        envs = WorkerEnvs(
+            cluster.spec,
+            worker_cls=self.worker_cls,
+            component_env=component_env,
+            component=self.name,
+            allowlist=parse_allowlist(cluster.config),
+        )
+        return [envs.of(placement) for placement in self.placements]
 
     def _start_actors(
         self,
@@ -383,7 +390,7 @@ def worker_env(
     component: str = "",
     allowlist: Sequence[str] | None = None,
 ) -> ResolvedEnv:
-    """The environment of one process, with each value's source (``rlinfra.services.env``): class
+    """The environment of one process, with each value's source (``rlinfra.runtime.env``): class
     defaults < the driver's allow-listed variables < node group < component < rlinfra's."""
     return resolve_worker_env(
         placement,

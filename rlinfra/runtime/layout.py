@@ -19,12 +19,13 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from rlinfra.placement.constraints import NODE_ID_LABEL, Constraints
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.errors import ClusterError
+from rlinfra.runtime.topology import BundleNode, bundle_report, check_constraints, describe_constraints
 
-NODE_ID_LABEL = "ray.io/node-id"
 DEFAULT_RESERVE_TIMEOUT_S = 120.0
 
 
@@ -49,8 +50,16 @@ class Layout:
         self.placements: dict[str, list[Placement]] = {
             name: placement.get_placements(name, isolate_accelerator) for name in names
         }
-        self.plan: LayoutPlan = plan_layout(self.placements, num_cpus, node_resources(cluster))
-        self.pg: PlacementGroup | None = reserve(self.plan, cluster, timeout, "layout " + ",".join(names))
+        self.constraints: dict[str, list[Constraints]] = {
+            name: placement.get_process_constraints(name) for name in names
+        }
+        self.plan: LayoutPlan = plan_layout(
+            self.placements, num_cpus, node_resources(cluster), self.constraints
+        )
+        self._cluster = cluster
+        self.pg: PlacementGroup | None = reserve(
+            self.plan, cluster, timeout, "layout " + ",".join(names), self.constraints
+        )
 
     def slot(self, component: str, placements: Sequence[Placement]) -> tuple[Any, list[ActorReservation]]:
         """The placement group and reservations for ``component``, checking that the group being
@@ -76,10 +85,11 @@ class Layout:
 
     def bundle_nodes(self) -> dict[int, str]:
         """Bundle index → Ray node id, as Ray reports it (``placement_group_table``)."""
-        if self.pg is None:
-            return {}
-        table = ray.util.placement_group_table(self.pg)
-        return dict(table.get("bundles_to_node_id", {}))
+        return reserved_bundle_nodes(self.pg)
+
+    def bundle_report(self, component: str) -> list[BundleNode]:
+        """Each rank of ``component``: its bundle, the node planned and the node Ray reports."""
+        return bundle_report(self.plan, component, self.bundle_nodes(), self._cluster.nodes)
 
     def __enter__(self) -> Layout:
         return self
@@ -92,20 +102,48 @@ def node_resources(cluster: Cluster) -> dict[int, Mapping[str, float]]:
     return {node.rank: node.resources for node in cluster.nodes}
 
 
-def reserve(plan: LayoutPlan, cluster: Cluster, timeout: float, what: str) -> PlacementGroup:
+def reserve(
+    plan: LayoutPlan,
+    cluster: Cluster,
+    timeout: float,
+    what: str,
+    constraints: Mapping[str, Sequence[Constraints]] | None = None,
+) -> PlacementGroup:
     """Create the placement group with every bundle pinned to its node, and wait for it.
 
-    Ray waits forever for a feasible-but-busy reservation; this gives up at ``timeout``, removes
-    the request and raises ``ReservationError`` naming what each node lacks.
+    Ray waits forever for a feasible-but-busy reservation, and for a custom resource or node
+    label no node has. The latter fail at once (``TopologyError``, from the nodes' totals and
+    labels); the former give up at ``timeout``, remove the request and raise
+    ``ReservationError`` naming what each node lacks and the constraints in force.
     """
-    selectors = [{NODE_ID_LABEL: cluster.node(node).node_id} for node in plan.bundle_nodes]
+    if constraints:
+        check_constraints(plan, constraints, cluster.nodes)
+    labels = plan.bundle_labels or [{} for _ in plan.bundles]
+    selectors = [
+        {**extra, NODE_ID_LABEL: cluster.node(node).node_id}
+        for node, extra in zip(plan.bundle_nodes, labels, strict=True)
+    ]
     pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
     deadline = time.monotonic() + timeout
     ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
     if not ready:
         remove_placement_group(pg)
-        raise ReservationError(f"{what}: {missing_resources(plan, cluster, timeout)}")
+        message = f"{what}: {missing_resources(plan, cluster, timeout)}"
+        described = describe_constraints(constraints or {})
+        if described:
+            message += "\n  topology constraints in force:\n" + "\n".join(
+                f"    {line}" for line in described.splitlines()
+            )
+        raise ReservationError(message)
     return pg
+
+
+def reserved_bundle_nodes(pg: PlacementGroup | None) -> dict[int, str]:
+    """Bundle index → Ray node id of a reserved placement group (``placement_group_table``)."""
+    if pg is None:
+        return {}
+    table = ray.util.placement_group_table(pg)
+    return {int(index): node_id for index, node_id in table.get("bundles_to_node_id", {}).items()}
 
 
 def missing_resources(plan: LayoutPlan, cluster: Cluster, timeout: float) -> str:

@@ -2,8 +2,9 @@
 
 A user writes ``class Rollout(Worker)`` with ordinary methods. rlinfra hosts it in a Ray actor
 whose constructor first binds the process to its ``Placement`` — rank attributes, environment
-(``RANK``, ``LOCAL_RANK``, visibility …) — and only then runs the user's ``__init__``, so
-``self._rank`` works there even if the user forgets ``super().__init__()``.
+(``RANK``, ``LOCAL_RANK``, visibility …, composed by ``rlinfra.runtime.env``), secrets — and
+only then runs the user's ``__init__``, so ``self._rank`` and ``self.secret(...)`` work there
+even if the user forgets ``super().__init__()``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import ray
 
+from rlinfra.placement.env_vars import PATH_SEPARATOR, merge_paths
 from rlinfra.placement.record import Placement
 from rlinfra.runtime import rendezvous
 
@@ -25,12 +29,24 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WorkerContext:
-    """Everything a worker process must know about itself before user code runs."""
+    """Everything a worker process must know about itself before user code runs.
+
+    ``merge_env`` names path-like variables whose value is prepended to the process's inherited
+    one; ``secrets`` is a ``rlinfra.runtime.secrets.SecretsChannel`` (a reference, not values).
+    """
 
     group_name: str
     placement: Placement
     env: dict[str, str] = field(default_factory=dict)
     unset_env: tuple[str, ...] = ()
+    merge_env: tuple[str, ...] = ()
+    secrets: Any = None
+
+
+SECRETS_TIMEOUT_S = 60.0
+# The secrets of this worker process, kept off the instance so that they are not in its
+# ``__dict__`` (pickled, printed by debuggers) and reach fused roles too; one worker per process.
+_secrets: dict[str, str] = {}
 
 
 class Worker:
@@ -38,7 +54,14 @@ class Worker:
 
     ``_rank``, ``_world_size``, ``_local_rank``, ``_local_world_size``, ``_node_rank``,
     ``_group_name``, ``_placement``.
+
+    ``env_defaults`` is the lowest layer of the worker's environment (every other layer — the
+    driver's allow-listed variables, node group, component, rlinfra's — overrides it); it is the
+    class-level default that ``@ray.remote(runtime_env=...)`` would be in plain Ray, set in the
+    process instead of recorded by Ray.
     """
+
+    env_defaults: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     _rank: int = 0
     _world_size: int = 1
@@ -66,6 +89,14 @@ class Worker:
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    def secret(self, name: str) -> str:
+        """The value of secret ``name`` from ``cluster.secrets`` (delivered outside Ray's records)."""
+        try:
+            return _secrets[name]
+        except KeyError:
+            known = ", ".join(sorted(_secrets)) or "none (cluster.secrets is empty)"
+            raise KeyError(f"no secret {name!r} in this worker; secrets: {known}") from None
 
     def log_info(self, message: str) -> None:
         self._logger().info(message)
@@ -106,7 +137,17 @@ def _bind_context(worker: Worker, context: WorkerContext) -> None:
     # cost a fresh worker process each and record every value in Ray's metadata.
     for name in context.unset_env:
         os.environ.pop(name, None)
-    os.environ.update(context.env)
+    for name, value in context.env.items():
+        os.environ[name] = merge_paths(value, os.environ.get(name)) if name in context.merge_env else value
+    if "PYTHONPATH" in context.env:
+        # The interpreter read PYTHONPATH at start-up; new entries reach imports only via sys.path.
+        new = [entry for entry in context.env["PYTHONPATH"].split(PATH_SEPARATOR) if entry not in sys.path]
+        sys.path[1:1] = [entry for entry in new if entry]
+    if context.secrets is not None:
+        _secrets.clear()
+        _secrets.update(ray.get(context.secrets.ref, timeout=SECRETS_TIMEOUT_S))
+        for name in context.secrets.expose_as_env:
+            os.environ[name] = _secrets[name]
 
 
 class _HostMixin:

@@ -1,0 +1,145 @@
+"""Secrets for workers through a channel Ray does not record.
+
+Ray writes a ``runtime_env`` in plain text to the job and actor tables (``ray list actors
+--detail``, the dashboard) and to ``runtime_env_agent.log``; so do env vars passed any other
+recorded way. Secrets take another road:
+
+    cluster:
+      secrets:
+        HF_TOKEN: {from_env: HF_TOKEN}                 # the driver's environment
+        WANDB_API_KEY: {from_file: ~/.wandb_key, expose_as_env: true}
+
+At launch the driver reads the values (here, never in a worker), ``ray.put``s them once as one
+object and hands workers only its ``ObjectRef``, inside their ``WorkerContext``. A worker resolves
+the reference while binding its context and serves ``self.secret("HF_TOKEN")``; names marked
+``expose_as_env`` are also set in that worker process's ``os.environ`` — inside the process,
+never in a runtime_env. Object contents are not logged, and the object dies with the group.
+Error messages name secrets and where they come from, never their values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlinfra.placement.config_access import as_mapping, reject_unknown_keys, require_str, to_plain
+from rlinfra.placement.errors import PlacementError
+
+_FIELDS = ("from_env", "from_file", "expose_as_env")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SecretError(ValueError):
+    """A configured secret cannot be read on the driver (unset variable, unreadable file)."""
+
+
+@dataclass(frozen=True)
+class SecretSpec:
+    """Where one secret comes from: ``from_env`` (a driver variable) or ``from_file`` (a path on
+    the driver's machine); ``expose_as_env`` also sets it in the worker process's environment."""
+
+    name: str
+    from_env: str | None = None
+    from_file: str | None = None
+    expose_as_env: bool = False
+
+    def describe(self) -> str:
+        origin = f"from_env {self.from_env}" if self.from_env else f"from_file {self.from_file}"
+        return origin + (", exposed as env" if self.expose_as_env else "")
+
+
+@dataclass(frozen=True)
+class SecretsChannel:
+    """What workers receive: a reference to the values, and the names to set as env vars. Its
+    repr names the secrets only (it travels in every worker's context and error messages)."""
+
+    ref: Any
+    names: tuple[str, ...]
+    expose_as_env: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"SecretsChannel(names={list(self.names)})"
+
+
+def parse_secrets(cluster_cfg: Any) -> tuple[SecretSpec, ...]:
+    """``cluster.secrets`` as specs (none if absent); schema errors are ``PlacementError``."""
+    section = to_plain(cluster_cfg)
+    raw = to_plain(section.get("secrets")) if isinstance(section, Mapping) else None
+    if raw is None:
+        return ()
+    specs = []
+    for name, entry in as_mapping(raw, "cluster.secrets").items():
+        where = f"cluster.secrets.{name}"
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise PlacementError(
+                f"bad secret name {name!r}", where="cluster.secrets", expected="a name like HF_TOKEN"
+            )
+        fields = as_mapping(entry, where)
+        reject_unknown_keys(fields, _FIELDS, where)
+        sources = [key for key in ("from_env", "from_file") if fields.get(key) is not None]
+        if len(sources) != 1:
+            raise PlacementError(
+                "a secret needs exactly one source",
+                where=where,
+                expected="{from_env: VARIABLE} or {from_file: PATH}",
+            )
+        expose = fields.get("expose_as_env", False)
+        if not isinstance(expose, bool):
+            raise PlacementError("expose_as_env must be true or false", where=f"{where}.expose_as_env")
+        value = require_str(fields[sources[0]], f"{where}.{sources[0]}")
+        specs.append(SecretSpec(name, **{sources[0]: value}, expose_as_env=expose))
+    return tuple(specs)
+
+
+def read_secrets(specs: tuple[SecretSpec, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The values, read on the driver; ``SecretError`` names what is missing, never a value."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for spec in specs:
+        if spec.from_env is not None:
+            value = environ.get(spec.from_env)
+            if not value:
+                raise SecretError(
+                    f"secret {spec.name!r}: environment variable {spec.from_env} is "
+                    f"{'empty' if value == '' else 'not set'} on the driver"
+                )
+        else:
+            path = Path(str(spec.from_file)).expanduser()
+            try:
+                value = path.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as error:
+                raise SecretError(
+                    f"secret {spec.name!r}: cannot read {path}: {getattr(error, 'strerror', None) or error}"
+                ) from None
+            if not value:
+                raise SecretError(f"secret {spec.name!r}: {path} is empty")
+        values[spec.name] = value
+    return values
+
+
+def publish_secrets(
+    specs: tuple[SecretSpec, ...], environ: Mapping[str, str] | None = None
+) -> SecretsChannel | None:
+    """Read the secrets and put them in Ray's object store once; ``None`` when there are none.
+    The caller keeps the channel (its ``ObjectRef``) alive as long as its workers may start."""
+    if not specs:
+        return None
+    import ray
+
+    values = read_secrets(specs, environ)
+    exposed = tuple(spec.name for spec in specs if spec.expose_as_env)
+    return SecretsChannel(ray.put(values), tuple(values), exposed)
+
+
+__all__ = [
+    "SecretError",
+    "SecretSpec",
+    "SecretsChannel",
+    "parse_secrets",
+    "publish_secrets",
+    "read_secrets",
+]

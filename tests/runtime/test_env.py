@@ -1,0 +1,313 @@
+"""Environment layering: precedence, path-like merging, no mutation, credential refusal,
+``rlinfra plan --env`` (all pure), and one live check that a worker process gets the composition."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from typer.testing import CliRunner
+
+from rlinfra import Cluster, Worker
+from rlinfra.cli.main import app
+from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
+from rlinfra.placement.env_vars import EnvVars, looks_like_secret, parse_env_vars
+from rlinfra.runtime.env import (
+    DEFAULT_ALLOWLIST,
+    EnvLayer,
+    compose_env,
+    driver_layer,
+    parse_allowlist,
+    resolve_worker_env,
+)
+
+CFG = {
+    "cluster": {
+        "num_nodes": 2,
+        "component_placement": {
+            "actor": {"placement": "0-1", "env_vars": {"LEVEL": "component", "PYTHONPATH": "/comp"}},
+            "rollout": {"node_group": "infer", "placement": "0-1"},
+        },
+        "node_groups": [
+            {
+                "label": "infer",
+                "node_ranks": 1,
+                "env_configs": [{"env_vars": [{"LEVEL": "group"}, {"PYTHONPATH": "/group"}]}],
+            }
+        ],
+    }
+}
+
+
+def placement_of(cfg: dict, accelerators: int = 2) -> ComponentPlacement:
+    return ComponentPlacement(cfg, ClusterSpec.from_config(cfg["cluster"], accelerators))
+
+
+class Defaults:
+    env_defaults: ClassVar[dict[str, str]] = {"LEVEL": "class", "ONLY_CLASS": "x", "PYTHONPATH": "/cls"}
+
+
+# --- composition ---------------------------------------------------------------------------------
+
+
+def test_precedence_lowest_to_highest() -> None:
+    layers = [
+        EnvLayer("class defaults", {"A": "class", "B": "class", "C": "class", "D": "class", "E": "class"}),
+        EnvLayer("driver", {"B": "driver", "C": "driver", "D": "driver", "E": "driver"}),
+        EnvLayer("node group", {"C": "group", "D": "group", "E": "group"}),
+        EnvLayer("component", {"D": "component", "E": "component"}),
+        EnvLayer("rlinfra", {"E": "rlinfra"}),
+    ]
+    env = compose_env(*layers)
+    assert dict(env.values) == {"A": "class", "B": "driver", "C": "group", "D": "component", "E": "rlinfra"}
+    assert env.sources["A"] == "class defaults" and env.sources["E"] == "rlinfra"
+
+
+def test_path_variables_merge_higher_first_without_repeats() -> None:
+    env = compose_env(
+        EnvLayer("class defaults", {"PYTHONPATH": "/a", "PATH": "/usr/bin"}),
+        EnvLayer("driver", {"PYTHONPATH": "/b:/a", "PATH": "/bin:/usr/bin"}),
+        EnvLayer("component", {"PYTHONPATH": "/c::/b", "OTHER": "x"}),
+    )
+    assert env.values["PYTHONPATH"] == "/c:/b:/a"  # empty entries dropped (they mean the cwd)
+    assert env.values["PATH"] == "/bin:/usr/bin"
+    assert env.sources["PYTHONPATH"] == "component + driver + class defaults"
+    assert env.merge_with_inherited == ("PATH", "PYTHONPATH")
+
+
+def test_a_layer_can_overwrite_a_path_variable() -> None:
+    env = compose_env(
+        EnvLayer("driver", {"LD_LIBRARY_PATH": "/drv"}),
+        EnvLayer("component", {"LD_LIBRARY_PATH": "/only"}, replace=frozenset({"LD_LIBRARY_PATH"})),
+        EnvLayer("rlinfra", {"LD_LIBRARY_PATH": "/top"}),
+    )
+    assert env.values["LD_LIBRARY_PATH"] == "/top:/only"  # merges above the replacement, not below
+    assert "LD_LIBRARY_PATH" in env.replaced and env.merge_with_inherited == ()
+
+
+def test_yaml_merge_false_overwrites() -> None:
+    parsed = parse_env_vars({"LD_LIBRARY_PATH": {"value": "/opt/lib", "merge": False}}, "x")
+    assert dict(parsed) == {"LD_LIBRARY_PATH": "/opt/lib"} and parsed.replace == {"LD_LIBRARY_PATH"}
+    env = compose_env(EnvLayer("driver", {"LD_LIBRARY_PATH": "/drv"}), EnvLayer("component", parsed))
+    assert env.values["LD_LIBRARY_PATH"] == "/opt/lib"
+    with pytest.raises(PlacementError, match="not path-like"):
+        parse_env_vars({"FOO": {"value": "1", "merge": False}}, "x")
+
+
+def test_callers_dicts_are_never_mutated() -> None:
+    lower = {"PATH": "/a", "X": "1"}
+    higher = {"PATH": "/b", "X": "2"}
+    snapshot = copy.deepcopy((lower, higher))
+    env = compose_env(EnvLayer("driver", lower), EnvLayer("component", higher))
+    lower["Y"] = "late"  # changing the input afterwards does not reach the result either
+    assert (dict(lower) | {"Y": "late"}, higher) == (snapshot[0] | {"Y": "late"}, snapshot[1])
+    assert "Y" not in env.values
+    with pytest.raises(TypeError):
+        env.values["X"] = "3"  # type: ignore[index]
+
+
+def test_driver_layer_takes_the_allow_list_only_and_withholds_credentials() -> None:
+    environ = {"PATH": "/bin", "LC_ALL": "C", "HF_TOKEN": "hf_x", "SECRET_STUFF": "s", "MY_VAR": "m"}
+    layer, withheld = driver_layer(environ, DEFAULT_ALLOWLIST)
+    assert dict(layer.values) == {"PATH": "/bin", "LC_ALL": "C"}
+    _, withheld = driver_layer(environ, parse_allowlist({"env_allowlist": ["HF_*", "MY_VAR"]}))
+    assert withheld == ("HF_TOKEN",)
+    with pytest.raises(PlacementError, match=r"cluster\.env_allowlist"):
+        parse_allowlist({"env_allowlist": "HF_*"})
+
+
+def test_worker_env_of_each_component() -> None:
+    placement = placement_of(CFG)
+    driver = {"PYTHONPATH": "/drv", "LEVEL": "driver", "HOME": "/home/u", "AWS_SECRET_ACCESS_KEY": "k"}
+    actor = resolve_worker_env(
+        placement.get_placements("actor")[1],
+        placement.cluster_spec,
+        worker_cls=Defaults,
+        component_env=placement.get_env_vars("actor"),
+        component="actor",
+        driver_env=driver,
+    )
+    assert actor.values["LEVEL"] == "component" and actor.sources["LEVEL"] == "component 'actor'"
+    assert actor.values["ONLY_CLASS"] == "x" and actor.sources["ONLY_CLASS"] == "class defaults"
+    assert actor.values["PYTHONPATH"] == "/comp:/drv:/cls"
+    assert actor.values["RANK"] == "1" and actor.values["CUDA_VISIBLE_DEVICES"] == "1"
+    assert actor.values["HOME"] == "/home/u" and "AWS_SECRET_ACCESS_KEY" not in actor.values
+    rollout = resolve_worker_env(
+        placement.get_placements("rollout")[0], placement.cluster_spec, worker_cls=Defaults, driver_env=driver
+    )
+    assert rollout.values["LEVEL"] == "group" and rollout.sources["LEVEL"] == "node group 'infer'"
+    assert rollout.values["PYTHONPATH"] == "/group:/drv:/cls"
+    assert rollout.values["NODE_RANK"] == "1"
+
+
+# --- credentials ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("HF_TOKEN", "hf_abc", True),
+        ("WANDB_API_KEY", "0123", True),
+        ("AWS_SECRET_ACCESS_KEY", "x", True),
+        ("DB_PASSWORD", "hunter2", True),
+        ("OPENAI_APIKEY", "sk", True),
+        ("DATABASE_URL", "postgres://user:pw@db:5432/x", True),
+        ("REDIS", "redis://:pw@host", True),
+        ("TOKENIZERS_PARALLELISM", "false", False),
+        ("HF_TOKEN_PATH", "/run/token", False),
+        ("WANDB_DISABLE_KEY", "1", False),
+        ("PWD", "/home", False),
+        ("HOMEPAGE", "https://example.org", False),
+    ],
+)
+def test_looks_like_secret(name: str, value: str, expected: bool) -> None:
+    assert looks_like_secret(name, value) is expected
+
+
+def test_credentials_in_env_vars_are_refused_without_echoing_them() -> None:
+    cfg = copy.deepcopy(CFG)
+    cfg["cluster"]["component_placement"]["actor"]["env_vars"]["HF_TOKEN"] = "hf_SUPERSECRET"
+    with pytest.raises(PlacementError) as caught:
+        placement_of(cfg)
+    message = str(caught.value)
+    assert "cluster.component_placement.actor.env_vars" in message and "'HF_TOKEN'" in message
+    assert "cluster.secrets" in message and "self.secret('HF_TOKEN')" in message
+    assert "hf_SUPERSECRET" not in message
+    group_cfg = copy.deepcopy(CFG)
+    group_cfg["cluster"]["node_groups"][0]["env_configs"][0]["env_vars"] = {
+        "MIRROR": "https://u:p@host/simple"
+    }
+    with pytest.raises(PlacementError, match="user:password") as caught:
+        placement_of(group_cfg)
+    assert "u:p@" not in str(caught.value)
+
+
+def test_class_defaults_are_checked_too() -> None:
+    class Leaky:
+        env_defaults: ClassVar[dict[str, str]] = {"GITHUB_TOKEN": "ghp_x"}
+
+    placement = placement_of(CFG)
+    with pytest.raises(PlacementError, match=r"Leaky\.env_defaults"):
+        resolve_worker_env(placement.get_placements("actor")[0], placement.cluster_spec, worker_cls=Leaky)
+
+
+def test_env_vars_is_a_read_only_mapping() -> None:
+    parsed = parse_env_vars([{"A": 1}, {"B": True}], "x")
+    assert isinstance(parsed, EnvVars) and dict(parsed) == {"A": "1", "B": "True"}
+    with pytest.raises(TypeError):
+        parsed["A"] = "2"  # type: ignore[index]
+
+
+# --- rlinfra plan --env ---------------------------------------------------------------------------
+
+PLAN_YAML = """\
+cluster:
+  num_nodes: 2
+  env_allowlist: [HF_HOME, "HF_*"]
+  secrets:
+    HF_TOKEN: {from_env: HF_TOKEN, expose_as_env: true}
+    WANDB_API_KEY: {from_file: /nonexistent/key}
+  component_placement:
+    actor:
+      placement: 0-1
+      env_vars: {LEVEL: component, PYTHONPATH: /comp}
+    rollout: {node_group: infer, placement: 0-1}
+  node_groups:
+    - label: infer
+      node_ranks: 1
+      env_configs: [{env_vars: {LEVEL: group}}]
+"""
+CLI_ENV = {
+    "COLUMNS": "200",
+    "NO_COLOR": "1",
+    "HF_TOKEN": "hf_PLAN_SECRET",
+    "HF_HOME": "/cache",
+    "PYTHONPATH": "/drv",
+}
+
+
+def plan_env(tmp_path: Path, *args: str):
+    path = tmp_path / "conf.yaml"
+    path.write_text(PLAN_YAML)
+    return CliRunner().invoke(app, ["plan", str(path), "--nodes", "2x2", *args], env=CLI_ENV)
+
+
+def test_plan_env_table_shows_values_and_sources(tmp_path: Path) -> None:
+    result = plan_env(tmp_path, "--env", "actor", "--rank", "1")
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split("│")[0].strip(): [cell.strip() for cell in line.split("│")[1:]]
+        for line in result.stdout.splitlines()
+        if "│" in line
+    }
+    assert rows["LEVEL"] == ["component", "component 'actor'"]
+    assert rows["PYTHONPATH"] == ["/comp:/drv", "component 'actor' + driver"]
+    assert rows["HF_HOME"] == ["/cache", "driver"]
+    assert rows["RANK"] == ["1", "rlinfra"] and rows["CUDA_VISIBLE_DEVICES"] == ["1", "rlinfra"]
+    assert rows["HF_TOKEN"][0] == "(secret: not shown)" and rows["HF_TOKEN"][1].startswith("secret (from_env")
+    assert "hf_PLAN_SECRET" not in result.output
+    assert "WANDB_API_KEY" in result.stdout  # named as served by self.secret(), file never read
+
+
+def test_plan_env_json(tmp_path: Path) -> None:
+    result = plan_env(tmp_path, "--env", "rollout", "--json")
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)["env"]
+    assert env["LEVEL"] == {"value": "group", "source": "node group 'infer'"}
+    assert env["NODE_RANK"]["value"] == "1"
+    assert "hf_PLAN_SECRET" not in result.output
+
+
+def test_plan_env_unknown_component_or_rank(tmp_path: Path) -> None:
+    result = plan_env(tmp_path, "--env", "critic")
+    assert result.exit_code == 2 and "unknown component 'critic'" in result.stderr and result.stdout == ""
+    result = plan_env(tmp_path, "--env", "actor", "--rank", "5")
+    assert result.exit_code == 2 and "ranks 0-1" in result.stderr
+
+
+# --- in a live worker -----------------------------------------------------------------------------
+
+
+class EnvProbe(Worker):
+    env_defaults: ClassVar[dict[str, str]] = {"LEVEL": "class", "ONLY_CLASS": "yes", "PYTHONPATH": "/cls"}
+
+    def read(self) -> tuple[dict[str, str | None], list[str]]:
+        names = ["LEVEL", "ONLY_CLASS", "PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "RANK"]
+        return {name: os.environ.get(name) for name in names}, list(sys.path)
+
+
+def test_a_worker_process_gets_the_composed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/inherited")  # the raylet, so the worker, inherits it
+    cluster_cfg = {
+        "num_nodes": 1,
+        "component_placement": {
+            "probe": {
+                "node_group": "node",
+                "placement": "0:0",
+                "env_vars": {
+                    "LEVEL": "component",
+                    "PYTHONPATH": "/comp",
+                    "PATH": "/comp/bin",
+                    "LD_LIBRARY_PATH": {"value": "/only", "merge": False},
+                },
+            }
+        },
+    }
+    with Cluster(cluster_cfg=cluster_cfg) as cluster:
+        strategy = ComponentPlacement({"cluster": cluster_cfg}, cluster).get_strategy("probe")
+        group = EnvProbe.create_group().launch(cluster, strategy, name="probe", num_cpus=0.1)
+        try:
+            (env, path), *_ = group.read().wait()
+        finally:
+            group.shutdown()
+    assert env["LEVEL"] == "component" and env["ONLY_CLASS"] == "yes" and env["RANK"] == "0"
+    entries = env["PYTHONPATH"].split(":")
+    assert entries[0] == "/comp" and "/cls" in entries  # component first, class defaults merged in
+    assert "/comp" in path and "/cls" in path  # PYTHONPATH reaches imports, not only os.environ
+    assert env["PATH"].startswith("/comp/bin:") and "/usr/bin" in env["PATH"].split(":")
+    assert env["LD_LIBRARY_PATH"] == "/only"  # merge: false overwrites the inherited value too
