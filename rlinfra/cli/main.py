@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import typer
 
+from rlinfra.cli.job import job_app
 from rlinfra.cli.plan import plan
+from rlinfra.cli.slurm import slurm_app
 
 app = typer.Typer(
     name="rlinfra",
@@ -25,6 +27,8 @@ def cli() -> None:
 
 
 app.command("plan")(plan)
+app.add_typer(job_app, name="job")
+app.add_typer(slurm_app, name="slurm")
 
 
 def main() -> None:

@@ -1,0 +1,279 @@
+"""``rlinfra job``: submit, watch, stop and list jobs on a running Ray cluster (Ray's Jobs API).
+
+The commands only wire ``rlinfra.services.jobs`` to the terminal: job output goes to stdout,
+rlinfra's own notes and errors to stderr. A mistake or an unreachable cluster exits with status
+2 and one message, no traceback; ``submit`` (when it waits) exits 0 when the job SUCCEEDED and 1
+when it FAILED or was STOPPED, so scripts can chain on it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.placement import PlacementError
+from rlinfra.services.jobs import (
+    TERMINAL_STATUSES,
+    JobInfo,
+    JobsClient,
+    JobsError,
+    build_runtime_env,
+    parse_assignments,
+    parse_requirements,
+)
+
+USAGE_ERROR = 2
+JOB_FAILED = 1
+INTERRUPTED = 130
+DEFAULT_STOP_TIMEOUT_S = 60.0
+
+job_app = typer.Typer(
+    name="job",
+    help="Submit, follow, stop and list jobs on a running Ray cluster (Ray's Jobs API, ray\\[default]).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        metavar="URL",
+        help="Dashboard address of the cluster. Default: RAY_ADDRESS, else http://127.0.0.1:8265.",
+        show_default=False,
+    ),
+]
+JobIdArgument = Annotated[
+    str,
+    typer.Argument(metavar="ID", help="Submission id (from `job submit` or `job list`).", show_default=False),
+]
+
+
+@job_app.command("submit")
+def submit(
+    config: Annotated[
+        Path, typer.Argument(metavar="CONFIG", help="YAML config with a cluster section.", show_default=False)
+    ],
+    entrypoint: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="-- ENTRYPOINT...",
+            help="The command to run on the head, after `--`. One argument is taken as a shell command.",
+            show_default=False,
+        ),
+    ],
+    address: AddressOption = None,
+    require: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--require",
+            metavar="NAME=N",
+            help="Refuse to submit unless the cluster has exactly N of resource NAME (repeatable), "
+            "e.g. GPU=16.",
+            show_default=False,
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="NAME=VALUE",
+            help="An env var for the job (repeatable); overrides runtime_env.env_vars of the config. "
+            "Credential-looking names and values are refused.",
+            show_default=False,
+        ),
+    ] = None,
+    working_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--working-dir",
+            metavar="DIR",
+            help="Upload DIR and run the entrypoint in it.",
+            file_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    submission_id: Annotated[
+        str | None,
+        typer.Option("--submission-id", metavar="ID", help="Choose the job's id.", show_default=False),
+    ] = None,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Print the id and return instead of following the logs.")
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            help="Stop following after SECONDS (the job keeps running). Default: until it ends.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Submit ENTRYPOINT as a Ray job, then follow its logs until it ends.
+
+    The cluster is the dashboard at --address, cluster.address or RAY_ADDRESS. --require checks
+    the cluster's total resources first and submits nothing when they differ. The job's
+    runtime_env carries the config's runtime_env.env_vars and --env, but never anything that
+    looks like a credential: Ray shows runtime_env to anyone who can list jobs.
+    """
+    errors = _stderr()
+    try:
+        cfg = load_config(config)
+        required = parse_requirements(require or ())
+        runtime_env = build_runtime_env(
+            parse_assignments(env or (), "--env"), working_dir, cfg.get("runtime_env")
+        )
+        command = _entrypoint(entrypoint)
+        client = JobsClient(address, cluster_cfg=cfg.cluster)
+        client.require(required)
+        job_id = client.submit(
+            command, runtime_env, submission_id=submission_id, metadata={"rlinfra.config": config.name}
+        )
+    except (ConfigError, PlacementError, JobsError) as error:
+        fail(errors, error)
+    if no_wait:
+        typer.echo(job_id)
+        return
+    errors.print(f"submitted {job_id} to {client.address}", style="dim")
+    status = _follow(client, job_id, timeout, errors)
+    if status in TERMINAL_STATUSES and status != "SUCCEEDED":
+        raise typer.Exit(JOB_FAILED)
+
+
+@job_app.command("status")
+def status(job_id: JobIdArgument, address: AddressOption = None) -> None:
+    """Print the job's status (PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED) and Ray's message."""
+    errors = _stderr()
+    try:
+        info = JobsClient(address).info(job_id)
+    except JobsError as error:
+        fail(errors, error)
+    typer.echo(f"{info.id}: {info.status}" + (f" ({info.message})" if info.message else ""))
+
+
+@job_app.command("logs")
+def logs(
+    job_id: JobIdArgument,
+    address: AddressOption = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            help="With --follow: stop following after SECONDS. Default: until the job ends.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Print the job's output so far, or with --follow everything until it ends."""
+    errors = _stderr()
+    try:
+        client = JobsClient(address)
+        if not follow:
+            typer.echo(client.logs(job_id), nl=False)
+            return
+    except JobsError as error:
+        fail(errors, error)
+    _follow(client, job_id, timeout, errors)
+
+
+@job_app.command("stop")
+def stop(
+    job_id: JobIdArgument,
+    address: AddressOption = None,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", metavar="SECONDS", help="How long to wait for the job to end."),
+    ] = DEFAULT_STOP_TIMEOUT_S,
+) -> None:
+    """Stop the job and wait until Ray reports it ended."""
+    errors = _stderr()
+    try:
+        client = JobsClient(address)
+        if not client.stop(job_id):
+            typer.echo(f"{job_id}: already ended ({client.status(job_id)})")
+            return
+        final = client.wait(job_id, timeout_s=timeout)
+    except JobsError as error:
+        fail(errors, error)
+    if final in TERMINAL_STATUSES:
+        typer.echo(f"{job_id}: {final}")
+        return
+    fail(errors, JobsError(f"{job_id} is still {final} {timeout:g} s after the stop request"))
+
+
+@job_app.command("list")
+def list_jobs(address: AddressOption = None) -> None:
+    """List the cluster's jobs, oldest first."""
+    errors = _stderr()
+    try:
+        jobs = JobsClient(address).list()
+    except JobsError as error:
+        fail(errors, error)
+    Console(soft_wrap=True).print(_jobs_table(jobs))
+
+
+def fail(console: Console, error: Exception) -> NoReturn:
+    """Print a user error without a traceback and exit with the usage-error status."""
+    console.print(Text.assemble(("error: ", "bold red"), str(error)), soft_wrap=True)
+    raise typer.Exit(USAGE_ERROR)
+
+
+def _follow(client: JobsClient, job_id: str, timeout: float | None, errors: Console) -> str:
+    """Stream the logs to stdout; a final status line on stderr. Ctrl-C detaches, it stops nothing."""
+
+    def write(chunk: str) -> None:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    try:
+        final = client.tail(job_id, write, timeout_s=timeout)
+    except JobsError as error:
+        fail(errors, error)
+    except KeyboardInterrupt:
+        errors.print(f"\ndetached; {job_id} keeps running (rlinfra job stop {job_id} stops it)")
+        raise typer.Exit(INTERRUPTED) from None
+    if final in ("PENDING", "RUNNING"):
+        errors.print(f"{job_id} is still {final} after {timeout:g} s; stopped following it", style="dim")
+    else:
+        style = "green" if final == "SUCCEEDED" else "bold red"
+        errors.print(Text.assemble(f"{job_id}: ", (final, style)))
+    return final
+
+
+def _entrypoint(arguments: list[str]) -> str:
+    """One argument is a shell command as written (``"python a.py && echo done"``); several are
+    quoted word by word, so ``-- python -c "print('hi')"`` runs as typed."""
+    if not arguments:
+        raise JobsError("no entrypoint: give the command after `--`, e.g. -- python main.py")
+    return arguments[0] if len(arguments) == 1 else shlex.join(arguments)
+
+
+def _jobs_table(jobs: list[JobInfo]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "STATUS", "STARTED", "ENTRYPOINT"):
+        table.add_column(column, overflow="fold")
+    for job in jobs:
+        started = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time_ms / 1000))
+            if job.start_time_ms
+            else "-"
+        )
+        table.add_row(job.id, job.status, started, job.entrypoint or "-")
+    return table
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, soft_wrap=True)

@@ -1,0 +1,154 @@
+"""``rlinfra slurm render``: write the sbatch script that runs a config's driver on its own Ray cluster.
+
+Only wiring: load the config, turn options into a ``SlurmJob`` and write what
+``rlinfra.services.slurm.render_sbatch`` makes of it. Mistakes exit with status 2 and a message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.job import fail
+from rlinfra.placement import PlacementError
+from rlinfra.services.slurm import (
+    DEFAULT_NODE_TIMEOUT_S,
+    DEFAULT_PORT,
+    SlurmError,
+    job_from_config,
+    render_sbatch,
+)
+
+slurm_app = typer.Typer(
+    name="slurm",
+    help="Run a config's driver on a Ray cluster bootstrapped inside one Slurm allocation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@slurm_app.command("render")
+def render(
+    config: Annotated[
+        Path, typer.Argument(metavar="CONFIG", help="YAML config with a cluster section.", show_default=False)
+    ],
+    driver: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="-- DRIVER...",
+            help="The driver command, after `--`, e.g. -- python main.py conf.yaml.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE",
+            help="Write the script to FILE (default: stdout).",
+            dir_okay=False,
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus-per-node",
+            metavar="N",
+            help="GPUs per node. Default: from cluster.simulate ('NxG'), else Ray detects them.",
+            show_default=False,
+        ),
+    ] = None,
+    cpus_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--cpus-per-node",
+            metavar="N",
+            help="CPUs per node for Ray (and Slurm's --cpus-per-task). Recommended: without it a Slurm "
+            "step may get one CPU.",
+            show_default=False,
+        ),
+    ] = None,
+    partition: Annotated[
+        str | None,
+        typer.Option("--partition", "-p", metavar="P", help="Slurm partition.", show_default=False),
+    ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00.", show_default=False),
+    ] = None,
+    job_name: Annotated[
+        str | None,
+        typer.Option(
+            "--job-name", "-J", metavar="NAME", help="Default: the config's file name.", show_default=False
+        ),
+    ] = None,
+    sbatch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sbatch",
+            metavar="OPTION",
+            help="Another #SBATCH option (repeatable), e.g. --sbatch account=rl.",
+            show_default=False,
+        ),
+    ] = None,
+    setup: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--setup",
+            metavar="LINE",
+            help="A shell line run first (repeatable), e.g. 'source .venv/bin/activate'.",
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option("--port", metavar="PORT", help="The head's GCS port.")] = DEFAULT_PORT,
+    node_timeout: Annotated[
+        int, typer.Option("--node-timeout", metavar="SECONDS", help="How long to wait for all nodes to join.")
+    ] = DEFAULT_NODE_TIMEOUT_S,
+) -> None:
+    """Write an sbatch script: Ray head on the first node, the others joined with labels
+    rlinfra-node-rank=0..N-1, then DRIVER; when the driver or any node exits, everything stops.
+
+    The script exits with the driver's status, or non-zero when a node failed first.
+    """
+    errors = Console(stderr=True, soft_wrap=True)
+    try:
+        cfg = load_config(config)
+        job = job_from_config(
+            cfg.cluster,
+            driver,
+            gpus_per_node=gpus_per_node,
+            cpus_per_node=cpus_per_node,
+            job_name=job_name or _job_name(config),
+            partition=partition,
+            time=time_limit,
+            sbatch_options=tuple(sbatch or ()),
+            setup=tuple(setup or ()),
+            port=port,
+            node_timeout_s=node_timeout,
+            config_name=str(config),
+        )
+        script = render_sbatch(job, output.name if output else "job.sbatch")
+    except (ConfigError, PlacementError, SlurmError) as error:
+        fail(errors, error)
+    if output is None:
+        typer.echo(script, nl=False)
+        return
+    try:
+        output.write_text(script, encoding="utf-8")
+        mode = output.stat().st_mode
+        output.chmod(mode | (mode & 0o444) >> 2)  # executable for whoever may read it, like chmod +x
+    except OSError as error:
+        fail(errors, ConfigError(f"{output}: cannot write the script: {error.strerror or error}"))
+    errors.print(f"wrote {output} ({job.num_nodes} node(s)); submit it with: sbatch {output}", style="dim")
+
+
+def _job_name(config: Path) -> str:
+    """The config's stem, reduced to the characters Slurm job names keep intact."""
+    name = "".join(char if char.isalnum() or char in "_.+-" else "-" for char in config.stem)
+    return name or "rlinfra"

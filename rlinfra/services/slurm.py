@@ -1,0 +1,148 @@
+"""An sbatch script that bootstraps one Ray cluster per Slurm allocation and runs the driver in it.
+
+The script (``slurm_template.sh``, filled in here) starts the Ray head on the first node and
+``ray start --block`` on every other node, each labelled ``rlinfra-node-rank=RANK`` in the order of
+``scontrol show hostnames`` (the order ``rlinfra.runtime.discovery`` ranks nodes by), waits with
+a deadline until all nodes are in, runs the driver on the first node, and tears everything down
+when the driver or any node's Ray exits: a node that dies ends the allocation instead of leaving
+a driver to hang at its next collective. It exits with the driver's status, or non-zero when a
+node failed first. It needs bash ≥ 4.4 (``wait -n``) and Slurm's ``srun``/``scontrol``.
+
+Token authentication stays on (``RAY_AUTH_MODE=token``), with a fresh token per allocation unless
+the user brings one: Ray's GCS listens on every interface of the head.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from rlinfra.placement.cluster_spec import parse_nodes_spec
+from rlinfra.placement.config_access import as_mapping, require_int, to_plain
+
+DEFAULT_PORT = 6379
+DEFAULT_NODE_TIMEOUT_S = 600
+DEFAULT_STOP_GRACE_S = 15
+TEMPLATE = "slurm_template.sh"
+_JOB_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+_NO_NEWLINES = re.compile(r"[\r\n]")
+
+
+class SlurmError(ValueError):
+    """Options or a config that cannot become a correct sbatch script."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What goes into the script. ``gpus_per_node`` None lets Ray detect the node's GPUs (and asks
+    Slurm for none); ``cpus_per_node`` becomes each node's ``--cpus-per-task`` and Ray's
+    ``--num-cpus`` (without it a Slurm step may get a single CPU); ``sbatch_options`` are extra
+    ``#SBATCH`` lines (``--account=rl``); ``setup`` lines run first on the first node
+    (``module load …``, ``source .venv/bin/activate``) and, because srun exports the
+    environment, shape every node's."""
+
+    num_nodes: int
+    driver: tuple[str, ...]
+    job_name: str = "rlinfra"
+    gpus_per_node: int | None = None
+    cpus_per_node: int | None = None
+    partition: str | None = None
+    time: str | None = None
+    sbatch_options: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    port: int = DEFAULT_PORT
+    node_timeout_s: int = DEFAULT_NODE_TIMEOUT_S
+    stop_grace_s: int = DEFAULT_STOP_GRACE_S
+    config_name: str = "a config"
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise SlurmError(f"num_nodes is {self.num_nodes}; expected at least 1")
+        if not self.driver:
+            raise SlurmError("no driver command: give it after `--`, e.g. -- python main.py conf.yaml")
+        if not _JOB_NAME.fullmatch(self.job_name):
+            raise SlurmError(f"job name {self.job_name!r}: use letters, digits and _.+- only")
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise SlurmError(f"--gpus-per-node {self.gpus_per_node}: expected a number ≥ 0")
+        if self.cpus_per_node is not None and self.cpus_per_node < 1:
+            raise SlurmError(f"--cpus-per-node {self.cpus_per_node}: expected a number ≥ 1")
+        if self.time is not None and not _TIME.fullmatch(self.time):
+            raise SlurmError(f"--time {self.time!r}: expected a Slurm time such as 30, 4:00:00 or 2-00:00:00")
+        if not 1024 <= self.port <= 65535:
+            raise SlurmError(f"--port {self.port}: expected 1024-65535")
+        if self.node_timeout_s < 1 or self.stop_grace_s < 0:
+            raise SlurmError("--node-timeout must be ≥ 1 and the stop grace ≥ 0 seconds")
+        for line in (self.partition or "", *self.sbatch_options, *self.setup, *self.driver, self.config_name):
+            if _NO_NEWLINES.search(line):
+                raise SlurmError(f"{line!r}: a line break would end the #SBATCH line or the command early")
+
+
+def job_from_config(
+    cluster_cfg: Any,
+    driver: Sequence[str],
+    *,
+    gpus_per_node: int | None = None,
+    **options: Any,
+) -> SlurmJob:
+    """A ``SlurmJob`` for the config's ``cluster`` section: ``num_nodes`` nodes, and GPUs per node
+    from ``gpus_per_node`` or else ``cluster.simulate`` (``"NxG"``; per-node counts must agree,
+    since Slurm's ``--gpus-per-node`` is one number)."""
+    cluster = as_mapping(cluster_cfg, "cluster")
+    num_nodes = require_int(cluster.get("num_nodes", 1), "cluster.num_nodes", minimum=1)
+    if gpus_per_node is None and cluster.get("simulate") is not None:
+        counts = parse_nodes_spec(to_plain(cluster["simulate"]), "cluster.simulate")
+        if len(set(counts)) != 1:
+            raise SlurmError(
+                f"cluster.simulate gives different GPU counts per node ({counts}); sbatch asks for one "
+                "number per node: pass --gpus-per-node"
+            )
+        if len(counts) != num_nodes:
+            raise SlurmError(
+                f"cluster.simulate describes {len(counts)} nodes but cluster.num_nodes is {num_nodes}"
+            )
+        gpus_per_node = counts[0]
+    return SlurmJob(num_nodes=num_nodes, driver=tuple(driver), gpus_per_node=gpus_per_node, **options)
+
+
+def render_sbatch(job: SlurmJob, script_name: str = "job.sbatch") -> str:
+    """The sbatch script for ``job`` (text; the caller writes it and makes it executable)."""
+    directives = [
+        f"#SBATCH --job-name={job.job_name}",
+        f"#SBATCH --nodes={job.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if job.gpus_per_node:
+        directives.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
+    if job.cpus_per_node:
+        directives.append(f"#SBATCH --cpus-per-task={job.cpus_per_node}")
+    if job.partition:
+        directives.append(f"#SBATCH --partition={job.partition}")
+    if job.time:
+        directives.append(f"#SBATCH --time={job.time}")
+    directives += [f"#SBATCH {_sbatch_option(option)}" for option in job.sbatch_options]
+    values: Mapping[str, str] = {
+        "CONFIG": job.config_name,
+        "SCRIPT_NAME": script_name,
+        "SBATCH": "\n".join(directives),
+        "SETUP": "\n".join(job.setup),
+        "NUM_NODES": str(job.num_nodes),
+        "GPUS_PER_NODE": "auto" if job.gpus_per_node is None else str(job.gpus_per_node),
+        "CPUS_PER_NODE": "auto" if job.cpus_per_node is None else str(job.cpus_per_node),
+        "DRIVER": " ".join(shlex.quote(word) for word in job.driver),
+        "PORT": str(job.port),
+        "NODE_TIMEOUT": str(job.node_timeout_s),
+        "STOP_GRACE": str(job.stop_grace_s),
+    }
+    text = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
+    return re.sub(r"@@([A-Z_]+)@@", lambda match: values[match.group(1)], text)
+
+
+def _sbatch_option(option: str) -> str:
+    """``account=rl`` and ``--account=rl`` both become ``--account=rl``."""
+    option = option.strip()
+    return option if option.startswith("-") else f"--{option}"

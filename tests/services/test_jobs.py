@@ -1,0 +1,434 @@
+"""``rlinfra.services.jobs`` and ``rlinfra job``: against a real Ray head with the dashboard.
+
+One head for the whole session (``ray start --head`` takes ~5-15 s and 670 MB on these machines):
+loopback dashboard, its own temp dir and ports, token authentication on with a token of its own
+(passed in ``RAY_AUTH_TOKEN``, so ``~/.ray/auth_token`` is neither read nor written), two logical
+GPUs so that ``--require`` has something to compare. It is stopped by its process group, never
+with ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from typer.testing import CliRunner
+
+from rlinfra.cli.main import app
+from rlinfra.services.jobs import (
+    DEFAULT_ADDRESS,
+    JobsClient,
+    JobsError,
+    auth_token,
+    build_runtime_env,
+    looks_like_secret,
+    parse_requirements,
+    resolve_address,
+)
+
+pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the `jobs` extra)")
+
+HEAD_GPUS = 2
+HEAD_CPUS = 2
+START_TIMEOUT_S = 120.0
+CONFIG = """\
+cluster:
+  num_nodes: 1
+  component_placement:
+    actor: all
+runtime_env:
+  env_vars:
+    TOKENIZERS_PARALLELISM: "false"
+"""
+
+
+@dataclass(frozen=True)
+class Head:
+    address: str
+    token: str
+    process: subprocess.Popen
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free right now (bound together, so distinct). Ray binds them a moment later: a small
+    race with other processes, acceptable in tests and far better than Ray's fixed defaults."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _stop_group(process: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(process.pid):
+            process.poll()
+            time.sleep(0.2)
+    process.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_until_ready(head: Head, log: Path) -> None:
+    """The dashboard answers and reports an alive node with its GPUs, or the test session fails."""
+    headers = {"Authorization": f"Bearer {head.token}"}
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if head.process.poll() is not None:
+            pytest.fail(f"ray start --head exited with {head.process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            answer = requests.get(f"{head.address}/api/v0/nodes?detail=1", headers=headers, timeout=5)
+            nodes = answer.json()["data"]["result"]["result"] if answer.status_code == 200 else []
+            if any(node["state"] == "ALIVE" and node["resources_total"].get("GPU") for node in nodes):
+                return
+        except (requests.RequestException, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the Ray head did not come up within {START_TIMEOUT_S:g} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def head() -> Iterator[Head]:
+    temp_dir = tempfile.mkdtemp(prefix="rlj")
+    token = secrets.token_hex(32)
+    gcs, dashboard, client, agent = _free_ports(4)
+    bin_dir = Path(sys.executable).parent
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    # Jobs run `python` from the head's PATH: make it this interpreter.
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token
+    )
+    command = [
+        str(bin_dir / "ray"), "start", "--head", "--block",
+        "--node-ip-address=127.0.0.1", f"--port={gcs}", f"--temp-dir={temp_dir}",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+        f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+        f"--num-cpus={HEAD_CPUS}", f"--num-gpus={HEAD_GPUS}", "--disable-usage-stats",
+    ]  # fmt: skip
+    log = Path(temp_dir) / "ray-start.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    started = Head(f"http://127.0.0.1:{dashboard}", token, process)
+    try:
+        _wait_until_ready(started, log)
+        yield started
+    finally:
+        _stop_group(process)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def client(head: Head) -> JobsClient:
+    return JobsClient(head.address, token=head.token)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "conf.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+def invoke(head: Head, *args: str | Path):
+    env = {"RAY_AUTH_TOKEN": head.token, "RAY_ADDRESS": None, "COLUMNS": "250", "NO_COLOR": "1"}
+    return CliRunner().invoke(app, ["job", *map(str, args)], env=env)
+
+
+def assert_user_error(result, *fragments: str) -> None:
+    """Exit 2, the message on stderr, and no traceback."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def _wait_for_status(client: JobsClient, job_id: str, wanted: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (status := client.status(job_id)) != wanted:
+        assert time.monotonic() < deadline, f"{job_id} is {status}, not {wanted}, after {timeout_s:g} s"
+        time.sleep(0.2)
+
+
+def new_id() -> str:
+    return f"rlj-{uuid.uuid4().hex[:12]}"
+
+
+# --- against the head ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_submit_follows_the_job_to_success(head: Head, config: Path, client: JobsClient) -> None:
+    job_id = new_id()
+    result = invoke(
+        head, "submit", config, "--address", head.address, "--submission-id", job_id,
+        "--require", f"GPU={HEAD_GPUS}", "--require", f"CPU={HEAD_CPUS}",
+        "--", "python", "-c", "print('hello rlinfra')",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "hello rlinfra" in result.stdout
+    assert f"{job_id}: SUCCEEDED" in result.stderr
+
+    status = invoke(head, "status", job_id, "--address", head.address)
+    assert status.exit_code == 0 and f"{job_id}: SUCCEEDED" in status.stdout
+    logs = invoke(head, "logs", job_id, "--address", head.address)
+    assert logs.exit_code == 0 and "hello rlinfra" in logs.stdout
+    listed = invoke(head, "list", "--address", head.address)
+    assert listed.exit_code == 0
+    assert any(job_id in line and "SUCCEEDED" in line for line in listed.stdout.splitlines())
+    assert client.status(job_id) == "SUCCEEDED"
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_job_exits_1_and_its_id_is_printed_without_wait(head: Head, config: Path) -> None:
+    result = invoke(head, "submit", config, "--address", head.address, "--no-wait", "--", "exit 3")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    follow = invoke(head, "logs", job_id, "--address", head.address, "--follow", "--timeout", "60")
+    assert follow.exit_code == 0, follow.output
+    assert f"{job_id}: FAILED" in follow.stderr
+
+    waited = invoke(head, "submit", config, "--address", head.address, "--", "exit 3")
+    assert waited.exit_code == 1
+    assert "FAILED" in waited.stderr
+
+
+@pytest.mark.timeout(120)
+def test_stop_ends_a_long_job(head: Head, config: Path, client: JobsClient) -> None:
+    job_id = new_id()
+    submitted = invoke(
+        head, "submit", config, "--address", head.address, "--submission-id", job_id, "--no-wait",
+        "--", "sleep", "60",
+    )  # fmt: skip
+    assert submitted.exit_code == 0, submitted.output
+    _wait_for_status(client, job_id, "RUNNING")
+    stopped = invoke(head, "stop", job_id, "--address", head.address, "--timeout", "60")
+    assert stopped.exit_code == 0, stopped.output
+    assert f"{job_id}: STOPPED" in stopped.stdout
+    assert client.status(job_id) == "STOPPED"
+    again = invoke(head, "stop", job_id, "--address", head.address)
+    assert again.exit_code == 0 and "already ended (STOPPED)" in again.stdout
+
+
+@pytest.mark.timeout(60)
+def test_require_mismatch_refuses_with_the_diff_and_submits_nothing(
+    head: Head, config: Path, client: JobsClient
+) -> None:
+    job_id = new_id()
+    result = invoke(
+        head, "submit", config, "--address", head.address, "--submission-id", job_id,
+        "--require", "GPU=16", "--", "python", "-c", "print('never')",
+    )  # fmt: skip
+    assert_user_error(result, "does not have the resources", "GPU: required 16, Ray has 2 (-14)", "nothing")
+    assert job_id not in {job.id for job in client.list()}
+    with pytest.raises(JobsError, match=r"GPU: required 16, Ray has 2"):
+        client.require({"GPU": 16})
+    client.require({"GPU": HEAD_GPUS})
+    client.require({"GPU": 1}, at_least=True)
+
+
+@pytest.mark.timeout(60)
+def test_credential_looking_env_is_refused_and_nothing_submitted(
+    head: Head, config: Path, client: JobsClient
+) -> None:
+    before = {job.id for job in client.list()}
+    value = "hf_abcdefghijklmnopqrstuvwxyz123456"
+    result = invoke(
+        head, "submit", config, "--address", head.address, "--env", f"HF_TOKEN={value}", "--", "true"
+    )
+    assert_user_error(result, "--env HF_TOKEN", "secrets channel")
+    assert value not in result.output
+    url = invoke(
+        head, "submit", config, "--address", head.address,
+        "--env", "DATA_URL=https://user:hunter2@example.com/d", "--", "true",
+    )  # fmt: skip
+    assert_user_error(url, "DATA_URL", "user:password")
+    assert "hunter2" not in url.output
+    with pytest.raises(JobsError, match="WANDB_API_KEY"):
+        client.submit("true", {"env_vars": {"WANDB_API_KEY": "abc123"}})
+    assert {job.id for job in client.list()} == before
+
+
+@pytest.mark.timeout(120)
+def test_runtime_env_recorded_by_ray_holds_no_secrets(
+    head: Head, config: Path, client: JobsClient, tmp_path: Path
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "main.py").write_text(
+        "import os\nprint('env', os.environ['RLJ_MODE'], os.environ['TOKENIZERS_PARALLELISM'])\n"
+    )
+    job_id = new_id()
+    result = invoke(
+        head, "submit", config, "--address", head.address, "--submission-id", job_id,
+        "--env", "RLJ_MODE=fast", "--working-dir", work, "--", "python", "main.py",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "env fast false" in result.stdout
+
+    ray_client = JobSubmissionClient(head.address, headers={"Authorization": f"Bearer {head.token}"})
+    info = ray_client.get_job_info(job_id)
+    env_vars = info.runtime_env["env_vars"]
+    assert env_vars == {"TOKENIZERS_PARALLELISM": "false", "RLJ_MODE": "fast"}
+    assert all(looks_like_secret(name, value) is None for name, value in env_vars.items())
+    assert head.token not in repr(info)
+    assert info.metadata == {"rlinfra.config": "conf.yaml"}
+
+
+@pytest.mark.timeout(60)
+def test_errors_name_the_address_and_what_to_check(head: Head, config: Path) -> None:
+    with pytest.raises(JobsError, match="token authentication and the token is missing"):
+        JobsClient(head.address, token="")
+    with pytest.raises(JobsError, match="token authentication and the token was refused"):
+        JobsClient(head.address, token="0" * 64)
+    unknown = invoke(head, "status", "raysubmit_nope", "--address", head.address)
+    assert_user_error(unknown, "no job 'raysubmit_nope'")
+
+    (closed,) = _free_ports(1)
+    refused = invoke(head, "list", "--address", f"127.0.0.1:{closed}")
+    assert_user_error(refused, f"http://127.0.0.1:{closed} (from --address)", "not the GCS address")
+
+
+@pytest.mark.timeout(30)
+def test_every_request_has_a_deadline() -> None:
+    """A server that accepts connections but never answers: the client gives up on time."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(JobsError, match=r"did not answer within 1 s"):
+            JobsClient(address, timeout_s=1.0, token="")
+        assert time.monotonic() - started < 10
+
+
+# --- without a cluster --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HF_TOKEN", "hf_x"),
+        ("WANDB_API_KEY", "abc"),
+        ("AWS_SECRET_ACCESS_KEY", "abc"),
+        ("db-password", "pw"),
+        ("OPENAI_APIKEY", "sk-1"),
+        ("ANYTHING", "postgres://me:pw@db:5432/x"),
+    ],
+)
+def test_looks_like_secret_refuses_credentials(name: str, value: str) -> None:
+    assert looks_like_secret(name, value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("HF_TOKEN_PATH", "/secrets/hf"),
+        ("WANDB_DISABLE_KEY", "1"),
+        ("DATA_URL", "https://example.com/data"),
+        ("MAX_TOKENS_PER_BATCH", "4096"),
+    ],
+)
+def test_looks_like_secret_lets_ordinary_variables_through(name: str, value: str) -> None:
+    assert looks_like_secret(name, value) is None
+
+
+def test_parse_requirements() -> None:
+    assert parse_requirements(["GPU=16", "CPU=2.5", "accel_type:H100=1"]) == {
+        "GPU": 16.0,
+        "CPU": 2.5,
+        "accel_type:H100": 1.0,
+    }
+    for bad in ("GPU", "GPU=many", "GPU=-1", "=4", "GPU=nan"):
+        with pytest.raises(JobsError, match="--require"):
+            parse_requirements([bad])
+
+
+def test_build_runtime_env_merges_config_and_flags(tmp_path: Path) -> None:
+    env = build_runtime_env(
+        {"B": "flag", "C": "3"}, tmp_path, {"env_vars": {"A": 1, "B": "config", "FLAG": True}}
+    )
+    assert env == {"env_vars": {"A": "1", "B": "flag", "FLAG": "1", "C": "3"}, "working_dir": str(tmp_path)}
+    assert build_runtime_env() == {}
+    with pytest.raises(JobsError, match=r"runtime_env\.pip: not supported"):
+        build_runtime_env(config_runtime_env={"pip": ["torch"]})
+    with pytest.raises(JobsError, match=r"config runtime_env\.env_vars: GITHUB_TOKEN"):
+        build_runtime_env(config_runtime_env={"env_vars": {"GITHUB_TOKEN": "ghp_x"}})
+    with pytest.raises(JobsError, match="not a directory"):
+        build_runtime_env(working_dir=tmp_path / "missing")
+
+
+def test_resolve_address_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    assert resolve_address() == (DEFAULT_ADDRESS, "the default")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:8265")
+    assert resolve_address() == ("http://10.0.0.1:8265", "RAY_ADDRESS")
+    assert resolve_address(None, {"address": "https://head:8265/"}) == (
+        "https://head:8265",
+        "cluster.address",
+    )
+    assert resolve_address("http://a:1", {"address": "b:2"}) == ("http://a:1", "--address")
+    with pytest.raises(JobsError, match="Ray Client address"):
+        resolve_address("ray://head:10001")
+
+
+def test_auth_token_follows_rays_order(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("from-home\n")
+    named = tmp_path / "token"
+    named.write_text("from-path")
+    assert auth_token({"HOME": str(home)}) == "from-home"
+    assert auth_token({"HOME": str(home), "RAY_AUTH_TOKEN_PATH": str(named)}) == "from-path"
+    assert (
+        auth_token({"HOME": str(home), "RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(named)})
+        == "from-env"
+    )
+    assert auth_token({"HOME": str(home), "RAY_AUTH_MODE": "disabled"}) is None
+    assert auth_token({"HOME": str(tmp_path / "nobody")}) is None
+
+
+def test_cli_user_errors_need_no_cluster(tmp_path: Path) -> None:
+    config = tmp_path / "conf.yaml"
+    config.write_text(CONFIG)
+    runner = CliRunner()
+    bad_require = runner.invoke(app, ["job", "submit", str(config), "--require", "GPU", "--", "true"])
+    assert_user_error(bad_require, "--require 'GPU': expected NAME=VALUE")
+    missing = runner.invoke(app, ["job", "submit", str(tmp_path / "nope.yaml"), "--", "true"])
+    assert_user_error(missing, "no such file")
+    secret = runner.invoke(app, ["job", "submit", str(config), "--env", "MY_SECRET=x", "--", "true"])
+    assert_user_error(secret, "--env MY_SECRET")
