@@ -429,6 +429,9 @@ def _client_class() -> type:
             self._rlinfra_timeout = timeout
             self._client_ray_version = ray.__version__
             SubmissionClient.__init__(self, address=address, headers=headers)
+            # Ray adds a token of its own when this process has token auth enabled (after any
+            # ray.init with auth), which may be another cluster's: send exactly our headers.
+            self._headers = dict(headers)
             self._check_connection_and_version(
                 min_version="2.0",
                 version_error_message="The Jobs API client needs a cluster running Ray 2.0 or newer.",
