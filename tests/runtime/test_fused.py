@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError, fuse
+from rlinfra import ComponentPlacement, Worker, WorkerGroupError, fuse
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,12 +34,6 @@ class RefRole(Worker):
 class BrokenRole(Worker):
     def __init__(self) -> None:
         raise RuntimeError("no weights")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(cluster_cfg=CFG["cluster"]) as live:
-        yield live
 
 
 def test_roles_share_one_process_per_rank_and_are_called_by_name(cluster):

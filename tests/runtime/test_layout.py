@@ -11,7 +11,7 @@ import os
 import pytest
 import ray
 
-from rlinfra import Cluster, ComponentPlacement, Worker
+from rlinfra import Worker
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.layout import Layout
 
@@ -39,17 +39,6 @@ class Probe(Worker):
             os.environ.get("CUDA_VISIBLE_DEVICES"),
             [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])],
         )
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(cluster_cfg=CFG["cluster"]) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def placement(cluster):
-    return ComponentPlacement(CFG, cluster)
 
 
 def launch_job(cluster, placement):

@@ -9,7 +9,7 @@ import time
 import pytest
 import ray
 
-from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
+from rlinfra import ComponentPlacement, Worker, WorkerGroupError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,12 +22,6 @@ class Blocker(Worker):
 
     def ping(self) -> int:
         return self._rank
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(cluster_cfg=CFG["cluster"]) as live:
-        yield live
 
 
 def test_killed_node_names_its_ranks_within_five_seconds(cluster):

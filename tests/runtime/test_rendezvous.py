@@ -16,7 +16,7 @@ import time
 import pytest
 import ray
 
-from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
+from rlinfra import Worker, WorkerGroupError
 from rlinfra.runtime import rendezvous
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.rendezvous import bring_up, bring_up_cross, cross_group, tear_down, tear_down_cross
@@ -72,17 +72,6 @@ class Peer(Worker):
     def spoil_rendezvous(self, rank: int) -> None:
         if self._rank == rank:
             os.environ["WORLD_SIZE"] = "three"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(cluster_cfg=CFG["cluster"]) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def placement(cluster):
-    return ComponentPlacement(CFG, cluster)
 
 
 @pytest.fixture(scope="module")

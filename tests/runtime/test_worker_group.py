@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import ray
 
-from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
+from rlinfra import ComponentPlacement, Worker, WorkerGroupError
 from rlinfra.placement import ClusterSpec
 from rlinfra.runtime.layout import ReservationError
 
@@ -102,17 +102,6 @@ class BrokenInit(Worker):
     def __init__(self, bad_rank: int) -> None:
         if self._rank == bad_rank:
             raise RuntimeError("cannot open the simulator")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(cluster_cfg=CFG["cluster"]) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def placement(cluster):
-    return ComponentPlacement(CFG, cluster)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import ray
 
-from rlinfra import Cluster, ComponentPlacement, Worker
+from rlinfra import Worker
 from rlinfra.services.weights import (
     Stamped,
     WeightReceiver,
@@ -98,17 +98,6 @@ class Rollout(WeightReceiver, Worker):
         if self.die_on_bucket == index and self._rank == 3:
             os._exit(9)
         return super()._weights_receive(version, index, payload)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with Cluster(cluster_cfg=CFG["cluster"]) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def placement(cluster):
-    return ComponentPlacement(CFG, cluster)
 
 
 @pytest.fixture
