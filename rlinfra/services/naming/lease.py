@@ -1,0 +1,129 @@
+"""Leases: a handle that survives re-grants, and the keeper thread that keeps one alive."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from rlinfra.services.naming.model import LeaseExpired, NamingError
+
+if TYPE_CHECKING:
+    from rlinfra.services.naming.client import NamingService
+
+logger = logging.getLogger("rlinfra.services.naming")
+
+
+class Lease:
+    """A lease held through one ``NamingService`` client.
+
+    Keys put with ``lease=`` vanish when the lease is not kept alive for ``ttl_s``. The object
+    also remembers which keys this client put under it, so that a keeper can re-grant the lease
+    (``id`` then changes) and put them back after an expiry; use the same object throughout.
+    """
+
+    def __init__(self, lease_id: str, ttl_s: float) -> None:
+        self._id = lease_id
+        self.ttl_s = ttl_s
+        self.revoked = False
+        # key -> (value, exclusive); exclusive keys are re-claimed with put_if_absent, so a key
+        # someone else took over while this lease was lost is not stolen back.
+        self._keys: dict[str, tuple[Any, bool]] = {}
+        self._pending: set[str] = set()  # keys still to re-register after a re-grant
+        self._lock = threading.RLock()
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys this client holds under the lease (and will re-register after a loss)."""
+        return sorted(self._keys)
+
+    def __repr__(self) -> str:
+        return f"Lease({self._id[:8]}…, ttl_s={self.ttl_s:g}, keys={len(self._keys)})"
+
+
+class LeaseKeeper:
+    """A daemon thread that keeps one lease alive and repairs it after a loss.
+
+    Every ``interval_s`` it refreshes the lease; if the service says the lease is gone (this
+    process was paused past the TTL, or the service restarted), it grants a new one and re-puts
+    the keys. Failures never end the thread: the last one is in ``error`` and is logged (once per
+    distinct message, plus a line when it recovers). ``regrants`` counts the repairs.
+    """
+
+    def __init__(self, client: NamingService, lease: Lease, interval_s: float) -> None:
+        if not 0 < interval_s < lease.ttl_s:
+            raise ValueError(f"keep-alive interval must be in (0, ttl_s={lease.ttl_s:g}) s, got {interval_s}")
+        self.client = client
+        self.lease = lease
+        self.interval_s = interval_s
+        self.error: BaseException | None = None
+        self.regrants = 0
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"rlinfra-lease-keeper-{lease.id[:8]}", daemon=True
+        )
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop refreshing and join the thread; ``NamingError`` if it does not end in time (a
+        call stuck past its own deadline). The lease itself is left to expire (or revoke it)."""
+        self._stop.set()
+        if not self._thread.is_alive():
+            return
+        timeout = timeout_s if timeout_s is not None else self.client.timeout_s + 2.0
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise NamingError(
+                f"{self.client}: lease keeper for {self.lease!r} did not stop within {timeout:g} s"
+            )
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and not self.lease.revoked:
+                self._tick()
+                self._stop.wait(self.interval_s)
+        except BaseException as err:  # the thread is ending abnormally: say so, loudly
+            self.error = err
+            logger.critical("%s: lease keeper for %r died: %r", self.client, self.lease, err)
+            raise
+
+    def _tick(self) -> None:
+        lease_id = self.lease.id
+        try:
+            try:
+                self.client.keep_alive(self.lease)
+            except LeaseExpired as err:
+                self.error = err
+                if self.client._regrant(self.lease, lease_id):
+                    self.regrants += 1
+                    logger.warning(
+                        "lease keeper: %s; granted %r and re-registering its keys", err, self.lease
+                    )
+            if self.lease._pending:
+                self.client._reregister(self.lease)
+        except Exception as err:
+            self._note(err)
+            return
+        if self._failing:
+            self._failing = False
+            logger.info("lease keeper for %r of %s recovered", self.lease, self.client)
+
+    def _note(self, err: BaseException) -> None:
+        if not self._failing or repr(err) != repr(self.error):
+            # A NamingError names the service already; anything else gets it added.
+            detail = str(err) if isinstance(err, NamingError) else f"{self.client}: {err!r}"
+            logger.warning("lease keeper for %r: %s", self.lease, detail)
+        self.error = err
+        self._failing = True
