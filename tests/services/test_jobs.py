@@ -38,6 +38,7 @@ from rlinfra.services.jobs import (
     parse_requirements,
     resolve_address,
 )
+from tests.ports import free_ports
 
 pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the `jobs` extra)")
 
@@ -60,19 +61,6 @@ class Head:
     address: str
     token: str
     process: subprocess.Popen
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free right now (bound together, so distinct). Ray binds them a moment later: a small
-    race with other processes, acceptable in tests and far better than Ray's fixed defaults."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _stop_group(process: subprocess.Popen, grace_s: float = 3.0) -> None:
@@ -119,7 +107,7 @@ def _wait_until_ready(head: Head, log: Path) -> None:
 def head() -> Iterator[Head]:
     temp_dir = tempfile.mkdtemp(prefix="rlj")
     token = secrets.token_hex(32)
-    gcs, dashboard, client, agent = _free_ports(4)
+    gcs, dashboard, client, agent = free_ports(4)
     bin_dir = Path(sys.executable).parent
     env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
     # Jobs run `python` from the head's PATH: make it this interpreter.
@@ -316,7 +304,7 @@ def test_errors_name_the_address_and_what_to_check(head: Head, config: Path) -> 
     unknown = invoke(head, "status", "raysubmit_nope", "--address", head.address)
     assert_user_error(unknown, "no job 'raysubmit_nope'")
 
-    (closed,) = _free_ports(1)
+    (closed,) = free_ports(1)
     refused = invoke(head, "list", "--address", f"127.0.0.1:{closed}")
     assert_user_error(refused, f"http://127.0.0.1:{closed} (from --address)", "not the GCS address")
 

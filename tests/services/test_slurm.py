@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typer.testing import CliRunner
 
 from rlinfra.cli.main import app
 from rlinfra.services.slurm import SlurmError, SlurmJob, job_from_config, render_sbatch
+from tests.ports import free_ports
 
 STUB_SRUN = r"""#!/bin/bash
 # Stub srun: drop the options (the script passes them as --name=value), run the command here as
@@ -97,17 +97,6 @@ class Run:
         return steps
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _processes_in_groups(groups: set[int]) -> list[str]:
     """``"PID (NAME)"`` of every live process whose process group is in ``groups``."""
     found = []
@@ -162,7 +151,7 @@ def launch(tmp_path: Path, stubs: Path) -> Iterator:
         assert rendered.exit_code == 0, rendered.output
         temp_dir = tempfile.mkdtemp(prefix="rljs")  # short: Ray's socket paths must fit in 107 bytes
         temp_dirs.append(temp_dir)
-        gcs, client, head_agent, worker_agent = _free_ports(4)
+        gcs, client, head_agent, worker_agent = free_ports(4)
         env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_", "SLURM_"))}
         env.update(
             PATH=f"{stubs}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
