@@ -27,13 +27,13 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlinfra.placement.constraints import process_constraints
-from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars
+from rlinfra.placement.env_vars import EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
-from rlinfra.runtime.calls import GroupCall, concat_chunks, describe_failure, split_batch
+from rlinfra.runtime.calls import GroupCall, concat_chunks, split_batch
 from rlinfra.runtime.cluster import Cluster
-from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, parse_allowlist, resolve_worker_env
+from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, parse_allowlist
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.layout import Layout, node_resources, reserve, reserved_bundle_nodes
 from rlinfra.runtime.secrets import SecretsChannel, parse_secrets, publish_secrets
@@ -382,26 +382,6 @@ class GroupMethod:
         return self._group._call(self._method, refs, self._ranks, gather=gather, name=name)
 
 
-def worker_env(
-    placement: Placement,
-    cluster: Cluster,
-    worker_cls: type | None = None,
-    component_env: EnvVars = NO_ENV_VARS,
-    component: str = "",
-    allowlist: Sequence[str] | None = None,
-) -> ResolvedEnv:
-    """The environment of one process, with each value's source (``rlinfra.runtime.env``): class
-    defaults < the driver's allow-listed variables < node group < component < rlinfra's."""
-    return resolve_worker_env(
-        placement,
-        cluster.spec,
-        worker_cls=worker_cls,
-        component_env=component_env,
-        component=component,
-        allowlist=parse_allowlist(cluster.config) if allowlist is None else allowlist,
-    )
-
-
 def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:
     """A progress bar while a large group starts (returns at the deadline or when all are done)."""
     from rich.progress import Progress
@@ -417,4 +397,4 @@ def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:
             progress.update(task, completed=len(refs) - len(pending))
 
 
-__all__ = ["GroupCall", "GroupMethod", "WorkerGroup", "WorkerGroupView", "describe_failure", "worker_env"]
+__all__ = ["GroupMethod", "WorkerGroup", "WorkerGroupView"]

@@ -166,13 +166,10 @@ class _HostMixin:
 
     def _rlinfra_reserve_port(self) -> tuple[str, int]:
         """Bind a free port on this node and hold it (no probe-then-bind race) until the process
-        group's store takes the very socket over, or ``_rlinfra_release_port``."""
+        group's store takes the very socket over."""
         if not rendezvous.holds_port(self._rlinfra_master_port):
             self._rlinfra_master_port = rendezvous.hold_port()
         return ray.util.get_node_ip_address(), self._rlinfra_master_port
-
-    def _rlinfra_release_port(self) -> None:
-        rendezvous.release_port(self._rlinfra_master_port)
 
     def _rlinfra_init_distributed(self, backend: str | None, timeout_s: float) -> str:
         return rendezvous.init_process_group(backend, timeout_s)
@@ -201,9 +198,6 @@ class _HostMixin:
 
     def _rlinfra_set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
-
-    def _rlinfra_env(self, names: list[str]) -> dict[str, str | None]:
-        return {name: os.environ.get(name) for name in names}
 
 
 def hosted_class(worker_cls: type) -> type:
