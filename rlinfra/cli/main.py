@@ -10,6 +10,7 @@ import typer
 
 from rlinfra.cli.job import job_app
 from rlinfra.cli.plan import plan
+from rlinfra.cli.run import run
 from rlinfra.cli.slurm import slurm_app
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ def cli() -> None:
 
 
 app.command("plan")(plan)
+app.command("run")(run)
 app.add_typer(job_app, name="job")
 app.add_typer(slurm_app, name="slurm")
 

@@ -114,13 +114,15 @@ def test_short_training_run_improves_return() -> None:
     assert result.mean_return > 2.0 * result.first_mean_return
 
 
-def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str, mode: str) -> None:
     """One trainer rank: same seed as the other, its own shard of the same rollout."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)
-        config = PPOConfig(num_envs=4, num_steps=32, update_epochs=2, num_minibatches=2, hidden_size=16)
+        config = PPOConfig(
+            num_envs=4, num_steps=32, update_epochs=2, num_minibatches=2, hidden_size=16, data_parallel=mode
+        )
         envs = VectorEnv(config.env_id, config.num_envs, seed=0)
         policy = ActorCritic(envs.obs_dim, envs.num_actions, config.hidden_size)
         before = policy.export_weights()
@@ -132,9 +134,10 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
         dist.destroy_process_group()
 
 
-def test_learner_keeps_ddp_replicas_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["ddp", "allreduce"])
+def test_learner_keeps_ddp_replicas_identical(tmp_path: Path, mode: str) -> None:
     world_size = 2
-    mp.spawn(_ddp_worker, args=(world_size, str(tmp_path / "init"), str(tmp_path)), nprocs=world_size)
+    mp.spawn(_ddp_worker, args=(world_size, str(tmp_path / "init"), str(tmp_path), mode), nprocs=world_size)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     for name, tensor in ranks[0]["after"].items():
         torch.testing.assert_close(ranks[1]["after"][name], tensor, rtol=0, atol=0)

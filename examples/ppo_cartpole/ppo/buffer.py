@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,17 @@ class RolloutBatch:
             "returns": self.returns,
         }
         return {k: torch.from_numpy(np.ascontiguousarray(v)).flatten(0, 1) for k, v in fields.items()}
+
+    @classmethod
+    def concat(cls, batches: list[RolloutBatch]) -> RolloutBatch:
+        """Join rollouts of several env workers along the env axis. They must come from one weight
+        version: a batch that mixes versions has no single behaviour policy for the PPO ratio."""
+        versions = sorted({batch.weight_version for batch in batches})
+        if len(versions) != 1:
+            raise ValueError(f"cannot join rollouts of different weight versions {versions}")
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "weight_version"]
+        arrays = {name: np.concatenate([getattr(batch, name) for batch in batches], axis=1) for name in names}
+        return cls(**arrays, weight_version=versions[0])
 
 
 class RolloutBuffer:

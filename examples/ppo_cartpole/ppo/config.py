@@ -35,6 +35,11 @@ class PPOConfig:
     iterations: int = 300  # upper bound; training stops as soon as the target is reached
     target_return: float = 475.0
     return_window: int = 20  # episodes in the moving mean compared against target_return
+    # Distributed job only. 0: collect, train, sync, repeat. 1: the next rollout runs on the current
+    # weights while the learner trains and the new weights are staged (one-step off-policy).
+    max_staleness: int = 1
+    # "ddp": torch DistributedDataParallel; "allreduce": one flat all-reduce per step, by hand.
+    data_parallel: str = "ddp"
 
     @property
     def batch_size(self) -> int:

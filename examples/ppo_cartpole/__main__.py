@@ -1,0 +1,41 @@
+"""``python -m examples.ppo_cartpole [--config-name NAME] [--resume] [OVERRIDE ...]``
+
+Hydra composes the config from this folder (``disaggregated`` by default), so every Hydra
+override works: ``algo.iterations=50``, ``run.output_dir=/tmp/ppo``, ``+algo.ent_coef=0.0``.
+Run it from the repository root (Ray's workers import ``examples`` from the driver's directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.ppo_cartpole", description=__doc__)
+    parser.add_argument("--config-name", default="disaggregated", help="a YAML file in examples/ppo_cartpole")
+    parser.add_argument("--resume", action="store_true", help="continue from run.output_dir's checkpoint")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo.iterations=50")
+    args = parser.parse_args(argv)
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from examples.ppo_cartpole.job import USAGE_ERROR
+    from examples.ppo_cartpole.job import main as run_job
+
+    try:
+        with initialize_config_dir(config_dir=str(HERE), version_base=None):
+            cfg = compose(config_name=args.config_name, overrides=args.overrides)
+    except (HydraException, OmegaConfBaseException) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    return run_job(cfg, resume=args.resume)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""What the job leaves in its output folder: metrics (JSONL), the learning curve (PNG), checkpoints.
+
+Only the driver writes here. Workers send their state as bytes, so on a real cluster the folder
+lives on the driver's machine and no shared filesystem is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "learning_curve.png"
+CHECKPOINT_FILE = "checkpoint.pkl"
+PLACEMENT_FILE = "placement.json"
+
+
+class MetricsLog:
+    """One JSON object per iteration, appended and flushed as it happens, so a killed run keeps
+    every finished iteration and a resumed run continues the same file."""
+
+    def __init__(self, folder: Path, resume: bool) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / METRICS_FILE
+        self._file = self.path.open("a" if resume else "w", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(_finite(record)) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    path = folder / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN: a mean return before the first finished episode is written as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+def plot_learning_curve(records: Sequence[dict[str, Any]], path: Path, target: float, title: str) -> Path:
+    """Mean episode return against environment steps and against training time."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a cluster or in CI
+    from matplotlib import pyplot as plt
+
+    points = [r for r in records if r.get("mean_return") is not None]
+    figure, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for axes, key, label in ((by_steps, "env_steps", "environment steps"), (by_time, "time_s", "seconds")):
+        axes.plot([r[key] for r in points], [r["mean_return"] for r in points], marker=".", linewidth=1.5)
+        axes.axhline(target, color="tab:green", linestyle="--", linewidth=1, label=f"target {target:g}")
+        axes.set_xlabel(label)
+        axes.set_ylabel("mean episode return")
+        axes.grid(alpha=0.3)
+        axes.legend(loc="lower right")
+    figure.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def save_checkpoint(folder: Path, actor_state: bytes, driver_state: dict[str, Any]) -> Path:
+    """Write atomically (temporary file, then rename): a crash mid-write leaves the old one intact."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CHECKPOINT_FILE
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as file:
+        pickle.dump({"actor": actor_state, "driver": driver_state}, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(folder: Path) -> dict[str, Any]:
+    """The checkpoint this job wrote (it is a pickle: only load folders you wrote yourself)."""
+    path = folder / CHECKPOINT_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"--resume: no checkpoint at {path}; run once without --resume first")
+    with path.open("rb") as file:
+        return pickle.load(file)
+
+
+def write_placement(folder: Path, placement: dict[str, Any]) -> Path:
+    path = folder / PLACEMENT_FILE
+    path.write_text(json.dumps(placement, indent=1), encoding="utf-8")
+    return path

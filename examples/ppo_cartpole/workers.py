@@ -1,0 +1,240 @@
+"""The job's three components as rlinfra ``Worker`` classes.
+
+    env      steps vectorised gymnasium envs; asks its rollout worker(s) for actions, one batched
+             request per step; keeps the trajectory and computes GAE; returns version-stamped rollouts
+    rollout  policy inference: serves ``act``/``value`` from the weights it was last given, behind
+             the version barrier's gate (``WeightReceiver``)
+    actor    the trainer: PPO updates, data-parallel over torch.distributed (gloo), rank 0 publishes
+             the weights (``WeightSender``)
+
+Everything that is not placement, launch or weight movement is the Ray-free PPO core in ``ppo/``.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from examples.ppo_cartpole.ppo.buffer import RolloutBatch, RolloutBuffer
+from examples.ppo_cartpole.ppo.config import PPOConfig
+from examples.ppo_cartpole.ppo.envs import VectorEnv
+from examples.ppo_cartpole.ppo.learner import Learner
+from examples.ppo_cartpole.ppo.policy import ActorCritic, PolicyOutput
+from rlinfra import Worker
+from rlinfra.services.weights import WeightReceiver, WeightSender, WeightsView
+
+
+class MixedVersionError(RuntimeError):
+    """A rollout saw more than one weight version: its batch would have no single behaviour policy."""
+
+
+class RolloutWorker(WeightReceiver, Worker):
+    """Batched policy inference. Launched with ``max_concurrency=2``: one thread serves the env
+    workers while the other stages the next weights into the shadow buffer."""
+
+    weights_as_torch = True
+
+    def __init__(self, algo: dict[str, Any], obs_dim: int, num_actions: int) -> None:
+        torch.set_num_threads(1)
+        config = PPOConfig(**algo)
+        self.policy = ActorCritic(obs_dim, num_actions, config.hidden_size)
+        # Each rank samples its own stream, reproducibly, without touching torch's global RNG.
+        self.generator = torch.Generator().manual_seed(config.seed * 7919 + self._rank)
+        self.loaded_version: int | None = None
+        # One request at a time per worker: loading new weights must never overlap a forward pass
+        # (which would compute with one version and stamp another), and the generator is not
+        # thread-safe. The second thread of the actor is for weight staging, not inference.
+        self.inference_lock = threading.Lock()
+
+    def act(self, obs: np.ndarray) -> tuple[PolicyOutput, int]:
+        """Actions, log-probabilities and values for a batch of observations, with the version."""
+        with self.serving() as weights, self.inference_lock:
+            self._load(weights)
+            return self.policy.act(np.array(obs), self.generator), weights.version
+
+    def value(self, obs: np.ndarray) -> tuple[np.ndarray, int]:
+        """V(s), to bootstrap truncated episodes and the cut at the end of a rollout."""
+        with self.serving() as weights, self.inference_lock:
+            self._load(weights)
+            return self.policy.value(np.array(obs)), weights.version
+
+    def _load(self, weights: WeightsView) -> None:
+        """Copy a newly swapped-in version into the module once (10k parameters: microseconds)."""
+        if weights.version != self.loaded_version:
+            # Initial weights arrive as read-only numpy views of the object store: copy them.
+            self.policy.load_weights({name: _writable_tensor(t) for name, t in weights.tensors.items()})
+            self.loaded_version = weights.version
+
+
+def _writable_tensor(value: Any) -> torch.Tensor:
+    """Ray hands numpy arrays over as read-only views of its object store; torch wants to own them."""
+    return value.clone() if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
+
+
+class EnvWorker(Worker):
+    """Steps ``num_envs`` CartPole envs. Each step is one batched ``act`` request per rollout worker
+    it is connected to (its envs are split among them, requests in flight together)."""
+
+    def __init__(self, algo: dict[str, Any], num_envs: int, request_timeout_s: float) -> None:
+        torch.set_num_threads(1)
+        self.config = PPOConfig(**algo)
+        self.request_timeout_s = request_timeout_s
+        # Different seeds per env worker, so their episodes differ; the same on every run.
+        seed = self.config.seed + 1000 * (self._rank + 1)
+        # History long enough to hold every episode of one rollout (short early episodes included).
+        self.envs = VectorEnv(self.config.env_id, num_envs, seed, history=self.config.num_steps * num_envs)
+        self.buffer = RolloutBuffer(self.config.num_steps, num_envs, self.envs.obs_dim)
+        self.obs = self.envs.reset()
+        self.policies: list[tuple[str, Any]] = []
+        self.splits: list[np.ndarray] = []
+        self.episodes_reported = 0
+
+    def connect(self, policies: list[tuple[str, Any]]) -> list[str]:
+        """Use these rollout workers (``(name, actor handle)``); returns their names."""
+        if not policies:
+            raise ValueError("an env worker needs at least one rollout worker")
+        self.policies = list(policies)
+        self.splits = np.array_split(np.arange(self.envs.num_envs), len(policies))
+        return [name for name, _ in policies]
+
+    def collect(self) -> dict[str, Any]:
+        """One rollout of ``num_steps`` vector steps. Returns the GAE-ready batch, stamped with the
+        one weight version every action and value of it came from, and the episodes that ended."""
+        versions: set[int] = set()
+        cfg = self.config
+        for _ in range(cfg.num_steps):
+            out, version = self._request("act", self.obs)
+            versions.add(version)
+            step = self.envs.step(out.action)
+            final_value = np.zeros(self.envs.num_envs, dtype=np.float32)
+            if step.truncated.any():  # only truncations bootstrap from the final observation
+                final_value, version = self._request("value", step.final_obs)
+                versions.add(version)
+            self.buffer.add(
+                self.obs, out.action, out.logprob, out.value, step.reward,
+                step.terminated, step.truncated, final_value,
+            )  # fmt: skip
+            self.obs = step.obs
+        last_value, version = self._request("value", self.obs)
+        versions.add(version)
+        if len(versions) != 1:
+            raise MixedVersionError(
+                f"env:{self._rank}: one rollout was served by weight versions {sorted(versions)}; "
+                "weights must only change between rollouts"
+            )
+        batch = self.buffer.finish(last_value, cfg.gamma, cfg.gae_lambda, weight_version=versions.pop())
+        finished = self.envs.episodes_finished - self.episodes_reported
+        self.episodes_reported = self.envs.episodes_finished
+        returns = list(self.envs.episode_returns)[-finished:] if finished else []
+        return {"batch": batch, "episode_returns": returns, "versions": [batch.weight_version]}
+
+    def _request(self, method: str, obs: np.ndarray) -> tuple[Any, int]:
+        """Send each rollout worker its slice of ``obs`` at once; join the answers in env order.
+        A rollout worker that dies or stalls becomes an error naming it, never a hang."""
+        refs = [
+            getattr(handle, method).remote(obs[idx])
+            for (_, handle), idx in zip(self.policies, self.splits, strict=True)
+        ]
+        try:
+            answers = ray.get(refs, timeout=self.request_timeout_s)
+        except GetTimeoutError:
+            raise TimeoutError(
+                f"env:{self._rank}: rollout worker(s) {self._names()} did not answer '{method}' "
+                f"within {self.request_timeout_s:g} s"
+            ) from None
+        except RayActorError as error:
+            raise RuntimeError(
+                f"env:{self._rank}: a rollout worker of {self._names()} died: {error}"
+            ) from None
+        versions = {version for _, version in answers}
+        if len(versions) != 1:
+            raise MixedVersionError(
+                f"env:{self._rank}: rollout workers {self._names()} answered one step with versions "
+                f"{sorted(versions)}"
+            )
+        parts = [part for part, _ in answers]
+        if method == "act":
+            joined: Any = PolicyOutput(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+        else:
+            joined = np.concatenate(parts)
+        return joined, versions.pop()
+
+    def _names(self) -> str:
+        return ", ".join(name for name, _ in self.policies)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class ActorWorker(WeightSender, Worker):
+    """One data-parallel rank of the trainer. Every rank gets the whole batch and trains on its own
+    strided shard; gradients are averaged, so the replicas stay identical and rank 0 publishes."""
+
+    def __init__(self, algo: dict[str, Any], obs_dim: int, num_actions: int) -> None:
+        torch.set_num_threads(1)
+        self.config = PPOConfig(**algo)
+        self.obs_dim, self.num_actions = obs_dim, num_actions
+        self.learner: Learner | None = None
+
+    def setup(self, checkpoint_bytes: bytes | None = None) -> int:
+        """Build the model and optimiser once the process group is up (the learner broadcasts rank
+        0's parameters); restore a checkpoint (``checkpoint()``'s bytes) when given. Returns the
+        weight version."""
+        torch.manual_seed(self.config.seed)
+        checkpoint = None
+        if checkpoint_bytes is not None:
+            checkpoint = torch.load(io.BytesIO(checkpoint_bytes), weights_only=True)
+        policy = ActorCritic(self.obs_dim, self.num_actions, self.config.hidden_size)
+        if checkpoint is not None:
+            policy.load_weights(checkpoint["policy"])
+        self.learner = Learner(policy, self.config)
+        if checkpoint is not None:
+            self.learner.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.learner.weight_version = int(checkpoint["weight_version"])
+        return self.learner.weight_version
+
+    def train(self, batches: list[RolloutBatch]) -> dict[str, float]:
+        """One PPO update on the rollouts of every env worker (one version); bumps the version."""
+        return self._learner().update(RolloutBatch.concat(batches))
+
+    def weights_state(self) -> dict[str, torch.Tensor]:
+        """What the weight sync publishes: a copy, so the next update cannot change it mid-send."""
+        return self._learner().policy.export_weights()
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        return {name: tensor.numpy() for name, tensor in self.weights_state().items()}
+
+    def checkpoint(self) -> bytes:
+        """Model, optimiser and version as bytes: the driver writes the file, so no worker needs the
+        output folder (which on a real cluster is on the driver's machine)."""
+        learner = self._learner()
+        buffer = io.BytesIO()
+        torch.save(
+            {
+                "policy": learner.policy.export_weights(),
+                "optimizer": learner.optimizer.state_dict(),
+                "weight_version": learner.weight_version,
+            },
+            buffer,
+        )
+        return buffer.getvalue()
+
+    def parameters_digest(self) -> str:
+        """A hash of this replica's parameters: equal on every rank while data parallelism works."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for tensor in self._learner().policy.export_weights().values():
+            digest.update(tensor.numpy().tobytes())
+        return digest.hexdigest()
+
+    def _learner(self) -> Learner:
+        if self.learner is None:
+            raise RuntimeError(f"actor:{self._rank}: setup() must run before training")
+        return self.learner

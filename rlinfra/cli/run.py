@@ -1,0 +1,72 @@
+"""``rlinfra run CONFIG [KEY=VALUE ...] [--resume]``: start the job a config names.
+
+The config's ``run.entrypoint`` (``"package.module:function"``) is called with the loaded config
+(overrides applied, OmegaConf dotlist syntax) and ``resume=``; it returns the exit status. The
+current directory is put on ``sys.path`` first, as ``python -m`` does, so a job in the working
+tree (``examples.ppo_cartpole.job:main``) imports without being installed — and Ray hands the
+driver's directory to its workers, so they import it too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.plan import fail
+from rlinfra.cli.plan_view import make_console
+
+
+def run(
+    config: Annotated[
+        Path,
+        typer.Argument(
+            metavar="CONFIG", help="YAML config with cluster and run sections.", show_default=False
+        ),
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[KEY=VALUE]...", help="Overrides, e.g. algo.iterations=50.", show_default=False
+        ),
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
+) -> None:
+    """Run the job CONFIG names in run.entrypoint: placement map first, then progress, then results."""
+    errors = make_console(stderr=True)
+    try:
+        cfg = load_config(config)
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        entry = resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config)
+    except (ConfigError, OmegaConfBaseException) as error:
+        fail(errors, error)
+    raise typer.Exit(entry(cfg, resume=resume))
+
+
+def resolve_entrypoint(text: Any, config: Path) -> Callable[..., int]:
+    """``"module:function"`` → the function, or a ``ConfigError`` saying what is wrong."""
+    where = f"{config}: run.entrypoint"
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise ConfigError(f"{where}: expected 'package.module:function', got {text!r}")
+    module_name, function_name = text.split(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"{where}: cannot import {module_name!r} ({error}); run from the folder it lives in"
+        ) from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"{where}: {module_name!r} has no function {function_name!r}")
+    return function
