@@ -1,0 +1,46 @@
+"""Shared checks for the main-job tests: configs with overrides, the dry-run plan, released resources."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+from typer.testing import CliRunner
+
+from rlinfra.cli.config_loading import load_config
+from rlinfra.cli.main import app
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ppo_cartpole"
+
+
+def job_config(name: str, *overrides: str) -> DictConfig:
+    return OmegaConf.merge(load_config(EXAMPLE / f"{name}.yaml"), OmegaConf.from_dotlist(list(overrides)))
+
+
+def planned_placements(name: str) -> dict[str, list[dict[str, Any]]]:
+    """What ``rlinfra plan --json`` says for the bundled config, without any cluster."""
+    out = CliRunner().invoke(app, ["plan", str(EXAMPLE / f"{name}.yaml"), "--json"])
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    return {name: component["placements"] for name, component in plan["components"].items()}
+
+
+def assert_resources_released(timeout_s: float = 30.0) -> None:
+    """Every placement group removed and every CPU/GPU free again. Ray frees them asynchronously
+    and offers no event for it, so this polls against a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        busy = {key: total[key] - free.get(key, 0.0) for key in ("CPU", "GPU") if key in total}
+        live_groups = [
+            pg_id for pg_id, info in ray.util.placement_group_table().items() if info["state"] != "REMOVED"
+        ]
+        if not live_groups and not any(busy.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still held after {timeout_s} s: resources {busy}, groups {live_groups}")
+        time.sleep(0.2)

@@ -1,0 +1,123 @@
+"""The main job from the command line: ``rlinfra run`` with overrides, a real SIGINT, ``--resume``,
+and ``python -m examples.ppo_cartpole`` rejecting a bad Hydra override before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from examples.ppo_cartpole import reporting
+from examples.ppo_cartpole.__main__ import main as module_main
+from tests.examples.job_checks import EXAMPLE
+
+pytestmark = pytest.mark.timeout(300)
+ROOT = EXAMPLE.parents[1]
+RLINFRA = Path(sys.executable).with_name("rlinfra")
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(RLINFRA), "run", str(EXAMPLE / "colocated.yaml"), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the test can tell what it left behind
+    )
+
+
+def _wait_for_iterations(folder: Path, count: int, process: subprocess.Popen, timeout_s: float) -> None:
+    """The driver appends one line per iteration; another process gives no event, so poll."""
+    deadline = time.monotonic() + timeout_s
+    while len(reporting.read_metrics(folder)) < count:
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline, f"no {count} iterations within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _ray_servers_of(driver_pid: int) -> set[int]:
+    """PIDs of the GCS server and raylets a driver started: Ray names its session after the pid of
+    the process that started it (``--session-name=session_<date>_<time>_<pid>``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if args[0].endswith(("/gcs_server", "/raylet")) and any(
+                arg.startswith("--session-name=") and arg.endswith(f"_{driver_pid}") for arg in args
+            ):
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sigint_stops_cleanly_and_resume_continues(tmp_path) -> None:
+    out = tmp_path / "run"
+    process = _start("algo.iterations=50", f"run.output_dir={out}")
+    _wait_for_iterations(out, 2, process, timeout_s=180)
+    started_by_run = _ray_servers_of(process.pid)
+    assert started_by_run, "the run's embedded Ray should be visible"
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=90)
+    assert process.returncode == 130, output
+    assert "interrupted after iteration" in output and "--resume" in output
+    assert "Traceback" not in output
+    assert not _group_alive(process.pid), "the run left processes behind"
+    # Ray's servers get their stop signal before the driver exits and take a moment to go.
+    deadline = time.monotonic() + 15
+    while [pid for pid in started_by_run if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in started_by_run if _alive(pid)], "the run left its Ray running"
+    done = reporting.load_checkpoint(out)["driver"]["iteration"]
+    assert done >= 2
+
+    process = _start("--resume", f"algo.iterations={done + 1}", f"run.output_dir={out}")
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output
+    records = reporting.read_metrics(out)
+    assert [r["iteration"] for r in records][-2:] == [done, done + 1]
+    assert records[-1]["learner_version"] == done + 1
+    assert f"learning curve: {out / reporting.PLOT_FILE}" in output
+    # The placement map came first, before any iteration line.
+    assert output.index("Node × device map") < output.index("iter ")
+    assert (
+        json.loads((out / reporting.PLACEMENT_FILE).read_text())["relations"]["actor-rollout"] == "colocated"
+    )
+
+
+def test_module_entry_rejects_a_bad_override_before_starting_ray(capsys) -> None:
+    assert module_main(["--config-name", "colocated", "algo.no_such_key=1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+def test_rlinfra_run_names_an_unknown_algo_key(tmp_path) -> None:
+    result = subprocess.run(
+        [str(RLINFRA), "run", str(EXAMPLE / "colocated.yaml"), "algo.lerning_rate=0.1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "algo.lerning_rate: unknown key" in result.stderr and "learning_rate" in result.stderr
