@@ -14,12 +14,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# For now the main job is the placement planner on the bundled examples; the PPO job replaces it.
+# The main job: PPO on CartPole, placed by the disaggregated config on an embedded Ray with two
+# simulated nodes; prints the placement map, a progress bar, and where the learning curve is.
 demo: $(STAMP)
-	@for config in examples/placement/*.yaml; do \
-		echo "== rlinfra plan $$config"; \
-		$(BIN)/rlinfra plan $$config || exit 1; \
-	done
+	$(BIN)/rlinfra run examples/ppo_cartpole/disaggregated.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check rlinfra tests benchmarks examples

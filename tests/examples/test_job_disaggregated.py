@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import ray
 
 from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.job import run
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.services.weights import WeightSyncError
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,4 +74,19 @@ def test_interrupt_releases_everything_and_resume_continues(cluster, tmp_path) -
     assert records[-1]["learner_version"] == 3
     assert resumed.served_versions[0] == 2
     assert resumed.env_steps == 3 * 16 * 128
+    assert_resources_released()
+
+
+def test_a_dead_rollout_worker_is_named_and_everything_is_released(cluster, tmp_path) -> None:
+    def kill_rollout_one(record: dict) -> None:
+        if record["iteration"] == 2:
+            ray.kill(ray.get_actor("rollout:1"), no_restart=True)
+
+    cfg = job_config("disaggregated", "algo.iterations=10", f"run.output_dir={tmp_path}")
+    with pytest.raises((WorkerGroupError, WeightSyncError)) as failure:
+        run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
+    message = str(failure.value)
+    # Whichever call notices first (an env worker's action request or the weight sync), the
+    # error names the dead worker rather than hanging.
+    assert "rollout:1" in message or "rollout rank 1" in message, message
     assert_resources_released()
