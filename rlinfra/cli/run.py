@@ -45,6 +45,9 @@ def run(
     try:
         cfg = load_config(config)
         if overrides:
+            malformed = [item for item in overrides if "=" not in item or item.startswith("=")]
+            if malformed:
+                raise ConfigError(f"override {malformed[0]!r}: expected KEY=VALUE, e.g. algo.iterations=50")
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
         entry = resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config)
     except (ConfigError, OmegaConfBaseException) as error:
