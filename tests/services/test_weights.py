@@ -1,12 +1,15 @@
 """The weight-update version barrier on a simulated 2-node cluster with real Ray actors.
 
 A trainer (rank 0 on node 0) publishes a small state dict in several buckets to four rollout
-workers (two per node) that keep generating while new weights are staged.
+workers (two per node) that keep generating while new weights are staged. The object store's
+memory bound is measured on Ray's own state; the cuda_ipc transport's refusals are checked here
+(its GPU tests are in ``test_weights_cuda_ipc.py``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -22,7 +25,7 @@ from rlinfra.services.weights import (
     WeightSyncError,
     filter_stale,
 )
-from rlinfra.services.weights.buckets import bucket_arrays
+from rlinfra.services.weights.buckets import bucket_arrays, checksum, copy_and_hash
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,10 +33,11 @@ CFG = {
     "cluster": {
         "num_nodes": 2,
         "simulate": "2x4",
-        "component_placement": {"trainer": "0", "rollout": "1-2,4-5"},
+        "component_placement": {"trainer": "0", "rollout": "1-2,4-5", "local_rollout": "1-2"},
     }
 }
 BUCKET_BYTES = 256 * 1024
+MIB = 2**20
 
 
 def make_state(version: int) -> dict[str, np.ndarray]:
@@ -104,12 +108,12 @@ class Rollout(WeightReceiver, Worker):
 def job(cluster, placement):
     groups = []
 
-    def launch(trainer_cls=Trainer, **rollout_kwargs):
+    def launch(trainer_cls=Trainer, component="rollout", **rollout_kwargs):
         trainer = trainer_cls.create_group().launch(
             cluster, placement.get_strategy("trainer"), name="trainer"
         )
         rollout = Rollout.create_group(**rollout_kwargs).launch(
-            cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=4
+            cluster, placement.get_strategy(component), name=component, max_concurrency=4
         )
         groups.extend([trainer, rollout])
         return trainer, rollout
@@ -232,3 +236,132 @@ def test_broadcast_transport_over_a_cross_component_group(job):
         expect_serving(rollout, 3)
     finally:
         rendezvous.tear_down_cross(info)
+
+
+# ------------------------------------------------------------------ the object store's memory bound
+OBJECT_OVERHEAD = 4096  # per object in the store: the pickled list around a bucket's arrays
+
+
+def big_state(version: int) -> dict[str, np.ndarray]:
+    """12 MiB in 1 MiB tensors: twelve buckets of exactly 1 MiB with ``bucket_bytes=MIB``."""
+    return {f"layers.{i}": np.full((MIB // 4,), version * 100 + i, dtype=np.float32) for i in range(12)}
+
+
+class MeasuringTrainer(Trainer):
+    """Records the most bytes of one update's buckets that Ray keeps alive at once.
+
+    This process owns every bucket it puts, and the owner's reference table is what decides an
+    object's lifetime (an entry stays while the driver or a receiver still references the object).
+    A bucket only becomes alive at a put, so reading the table right after each put sees the peak.
+    """
+
+    def __init__(self) -> None:
+        self.state = big_state(0)
+        self.peak = (0, 0)
+
+    def train_to(self, version: int) -> None:
+        self.state = big_state(version)
+
+    def _weights_open(self, version, bucket_bytes):
+        self.put_keys: dict[bytes, int] = {}
+        return super()._weights_open(version, bucket_bytes)
+
+    def _weights_put(self, version, index):
+        digest, (ref,) = super()._weights_put(version, index)
+        self.put_keys[ref.hex().encode()] = self._sending(version, index)[1].nbytes
+        table = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
+        alive = [nbytes for key, nbytes in self.put_keys.items() if key in table]
+        self.peak = max(self.peak, (sum(alive), len(alive)))
+        return digest, [ref]
+
+    def put_peak(self) -> tuple[int, int]:
+        return self.peak
+
+
+class StorePoller:
+    """Polls one node's raylet for its object store figures (``GetNodeStats``, what ``ray memory``
+    reads) from a thread: the peak of pinned primary copies, which live objects hold, and of all
+    bytes used, which also counts freed objects Ray has not deleted yet (it batches deletions)."""
+
+    def __init__(self, node_id: str) -> None:
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
+
+        node = next(node for node in ray.nodes() if node["NodeID"] == node_id)
+        channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
+        self._stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
+        self._request = node_manager_pb2.GetNodeStatsRequest(include_memory_info=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.samples = 0
+        self.peak_primary = 0
+        self.peak_used = 0
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            stats = self._stub.GetNodeStats(self._request, timeout=10).store_stats
+            self.samples += 1
+            self.peak_primary = max(self.peak_primary, stats.object_store_bytes_primary_copy)
+            self.peak_used = max(self.peak_used, stats.object_store_bytes_used)
+            time.sleep(0.002)
+
+    def __enter__(self) -> StorePoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+def test_object_store_keeps_at_most_two_buckets_alive_while_sending_many(job):
+    trainer, rollout = job(trainer_cls=MeasuringTrainer)
+    sync = WeightSync(trainer, rollout, bucket_bytes=MIB)
+    with StorePoller(trainer.worker_info[0]["node_id"]) as poller:
+        for version in (1, 2, 3):
+            trainer.train_to(version).wait()
+            assert sync.update(version).buckets == 12
+    assert rollout.current().wait(timeout=10) == [(3, fingerprint(big_state(3)))] * 4
+
+    # The owner's view, exact: bucket i is alive while the receivers copy it and bucket i+1 is put.
+    peak_bytes, peak_count = trainer.put_peak().wait()[0]
+    assert (peak_bytes, peak_count) == (2 * MIB, 2)
+    # The raylet's view, sampled: pinned primary copies on the trainer's node. At least one bucket
+    # was seen in flight (the poller observes something), never more than two.
+    assert poller.samples >= 10
+    assert MIB <= poller.peak_primary <= 2 * (MIB + OBJECT_OVERHEAD)
+
+
+def test_cuda_ipc_refuses_receivers_on_another_node(job):
+    trainer, rollout = job()
+    with pytest.raises(ValueError, match="the cuda_ipc transport cannot work here") as caught:
+        WeightSync(trainer, rollout, transport="cuda_ipc")
+    message = str(caught.value)
+    assert "rollout rank(s) 2-3 are on node 1 (" in message
+    assert "not on the sender's node 0 (" in message and "(trainer rank 0)" in message
+    assert "CUDA IPC only maps memory between processes of one node" in message
+
+
+def test_cuda_ipc_refuses_workers_without_cuda(job):
+    torch = pytest.importorskip("torch")
+    trainer, rollout = job(component="local_rollout")  # all on node 0: only CUDA is missing
+    with pytest.raises(ValueError, match="the cuda_ipc transport cannot work here") as caught:
+        WeightSync(trainer, rollout, transport="cuda_ipc")
+    if not torch.cuda.is_available():
+        message = str(caught.value)
+        assert "the sender (trainer rank 0) has no usable CUDA: " in message
+        assert "local_rollout rank(s) 0-1 have no usable CUDA: " in message
+    # Nothing was started: the object store transport still works with the same workers.
+    trainer.train_to(1).wait()
+    assert WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES).update(1).version == 1
+
+
+def test_copy_and_hash_equals_copy_then_checksum():
+    import xxhash
+
+    source = np.random.default_rng(0).integers(0, 256, 3 * 1024 + 17, dtype=np.uint8)
+    for chunk in (1, 1000, 1024, 10**6):
+        target = np.zeros_like(source)
+        digest = xxhash.xxh3_64()
+        copy_and_hash(target, source, digest, chunk=chunk)
+        assert np.array_equal(target, source) and digest.intdigest() == checksum(source)

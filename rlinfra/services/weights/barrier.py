@@ -11,10 +11,19 @@ serves a mix of versions), leaves the version number unchanged, and raises ``Wei
 naming the step and the workers. slime pauses generation for the whole transfer and its lock has
 no timeout; here only the O(1) swap and a checksum comparison happen while paused.
 
-Transports: ``"object_store"`` (default; buckets go through Ray's object store one at a time, so
-at most two buckets are in flight; zero-copy reads on one node, works across nodes) and
-``"broadcast"`` (a torch.distributed cross-component group from ``rlinfra.rendezvous``: gloo here,
-nccl on GPUs).
+Transports (``TRANSPORTS``):
+
+* ``"object_store"`` (default): buckets go through Ray's object store one at a time, so at most
+  two buckets are alive there (the sender waits for Ray to release bucket i - 2 before putting
+  bucket i); zero-copy reads on one node, works across nodes. Freed buckets stay in the store,
+  evictable, until Ray's batched deletion (about a second) or a new object needs the room.
+* ``"broadcast"``: a torch.distributed cross-component group from ``rlinfra.rendezvous`` (gloo
+  here, nccl on GPUs).
+* ``"cuda_ipc"``: for colocated GPU workers (sender and receivers on one node, receivers able to
+  see the sender's GPU): buckets are packed on the sender's GPU and mapped by the receivers with
+  CUDA IPC, at most two alive at once; only the small handles go through Ray. Checked at
+  construction: CUDA in every process, one node, the sender's GPU visible to every receiver
+  (``rlinfra.services.weights.cuda_ipc``).
 """
 
 from __future__ import annotations
@@ -30,9 +39,10 @@ import ray
 
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
+from rlinfra.services.weights import cuda_ipc
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
 
-TRANSPORTS = ("object_store", "broadcast")
+TRANSPORTS = ("object_store", "broadcast", "cuda_ipc")
 # Reasons (from rlinfra.runtime.calls) that mean a worker is gone rather than merely failing.
 _GONE = ("the worker process died", "the worker became unreachable", "its node")
 
@@ -85,7 +95,9 @@ class WeightSync:
 
     Versions are integers owned by the trainer side and must increase. ``cross_group`` is the name
     of a cross-component process group (``rendezvous.bring_up_cross``) for the broadcast transport,
-    with the sender at cross rank 0.
+    with the sender at cross rank 0. ``transport="cuda_ipc"`` asks every worker about its CUDA
+    at construction and raises ``ValueError`` naming what cannot work (no CUDA, another node,
+    the sender's GPU not visible) before any update is attempted.
     """
 
     def __init__(
@@ -117,6 +129,8 @@ class WeightSync:
         self.lease_s = lease_s
         self.version = initial_version
         self.alive = list(receivers.ranks)
+        if transport == "cuda_ipc":
+            self._check_cuda_ipc()
 
     # ------------------------------------------------------------------------------- protocol
     def update(self, version: int) -> UpdateReport:
@@ -134,9 +148,14 @@ class WeightSync:
         started = time.perf_counter()
         try:
             manifest = self._sender_call("_weights_open", version, self.bucket_bytes)
-            self._receivers_call("_weights_begin", manifest)
+            # Only the CUDA IPC transport stages on a GPU (begin's default is host memory).
+            self._receivers_call(
+                "_weights_begin", manifest, *(("cuda",) if self.transport == "cuda_ipc" else ())
+            )
             if self.transport == "object_store":
                 checksums = self._transfer_object_store(manifest)
+            elif self.transport == "cuda_ipc":
+                checksums = self._transfer_cuda_ipc(manifest)
             else:
                 checksums = self._transfer_broadcast(manifest)
             self._receivers_call("_weights_stage_done", version)
@@ -203,6 +222,52 @@ class WeightSync:
             self._receivers_call("_weights_receive", version, index, ref)
             del ref
         return checksums
+
+    def _transfer_cuda_ipc(self, manifest: Manifest) -> dict[int, int]:
+        """Like the object store, one bucket at a time, but only CUDA IPC handles travel: the sender
+        packs bucket i+1 on its GPU while the receivers copy bucket i, and frees bucket i-1 (every
+        receiver acknowledged it) before packing, so at most two buckets are alive."""
+        version = manifest.version
+        checksums: dict[int, int] = {}
+        count = len(manifest.buckets)
+        sender = self.sender.actors[self.sender_rank]
+        next_share = sender._weights_ipc_share.remote(version, 0, -1) if count else None
+        for index in range(count):
+            digest, handle = self._get_sender(next_share, "_weights_ipc_share")
+            if index + 1 < count:
+                next_share = sender._weights_ipc_share.remote(version, index + 1, index - 1)
+            checksums[index] = digest
+            self._receivers_call("_weights_receive_ipc", version, index, handle)
+        return checksums
+
+    def _check_cuda_ipc(self) -> None:
+        """Refuse, before any update, what CUDA IPC cannot do: receivers on another node (from
+        where Ray started each worker), then processes without CUDA, receivers that cannot see the
+        sender's GPU, or a receiver in the sender's own process (asked of every worker)."""
+        sender_name = f"{self.sender.name} rank {self.sender_rank}"
+        problems = cuda_ipc.node_problems(
+            self._node_of(self.sender, self.sender_rank),
+            {rank: self._node_of(self.receivers, rank) for rank in self.alive},
+            sender_name,
+            self.receivers.name,
+        )
+        if not problems:
+            sender_info = self._sender_call("_weights_cuda_info")
+            receiver_infos = dict(zip(self.alive, self._receivers_call("_weights_cuda_info"), strict=True))
+            problems = cuda_ipc.ipc_problems(sender_info, receiver_infos, sender_name, self.receivers.name)
+        if problems:
+            raise ValueError(
+                "the cuda_ipc transport cannot work here:\n"
+                + "\n".join(f"  {problem}" for problem in problems)
+            )
+
+    @staticmethod
+    def _node_of(group: WorkerGroup, rank: int) -> str:
+        """``node <rank> (<ray node id>)``: the Ray node id where the worker started, if known."""
+        node_rank = group.node_rank_of(rank)
+        info = group.worker_info[rank] if rank < len(group.worker_info) else {}
+        node_id = info.get("node_id", "")
+        return f"node {node_rank} ({node_id[:8]})" if node_id else f"node {node_rank}"
 
     def _transfer_broadcast(self, manifest: Manifest) -> dict[int, int]:
         version = manifest.version
