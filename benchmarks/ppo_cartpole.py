@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from examples.ppo_cartpole import reporting
-from examples.ppo_cartpole.ppo.config import PPOConfig
-from examples.ppo_cartpole.ppo.train_local import train
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an installed package
+
+from examples.ppo_cartpole import reporting  # noqa: E402
+from examples.ppo_cartpole.ppo.config import PPOConfig  # noqa: E402
+from examples.ppo_cartpole.ppo.train_local import train  # noqa: E402
+
 LAYOUTS = ("disaggregated", "colocated")
 GOAL_S = 300.0
 
