@@ -10,8 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def compose_config(name: str, overrides: list[str]) -> Any:
+    """The config ``name`` from this folder with Hydra overrides applied (Hydra's full grammar)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(HERE), version_base=None):
+        return compose(config_name=name, overrides=overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo.iterations=50")
     args = parser.parse_args(argv)
 
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -29,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from examples.ppo_cartpole.job import main as run_job
 
     try:
-        with initialize_config_dir(config_dir=str(HERE), version_base=None):
-            cfg = compose(config_name=args.config_name, overrides=args.overrides)
+        cfg = compose_config(args.config_name, args.overrides)
     except (HydraException, OmegaConfBaseException) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR

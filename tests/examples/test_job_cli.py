@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from examples.ppo_cartpole import reporting
+from examples.ppo_cartpole.__main__ import compose_config
 from examples.ppo_cartpole.__main__ import main as module_main
+from examples.ppo_cartpole.job import algo_config, run_settings
 from tests.examples.job_checks import EXAMPLE
 
 pytestmark = pytest.mark.timeout(300)
@@ -107,6 +109,13 @@ def test_sigint_stops_cleanly_and_resume_continues(tmp_path) -> None:
     assert (
         json.loads((out / reporting.PLACEMENT_FILE).read_text())["relations"]["actor-rollout"] == "colocated"
     )
+
+
+def test_module_entry_composes_hydra_overrides() -> None:
+    cfg = compose_config("disaggregated", ["algo.iterations=50", "run.output_dir=/tmp/x", "algo.seed=3"])
+    algo, settings = algo_config(cfg), run_settings(cfg)
+    assert (algo.iterations, algo.seed, settings.output_dir) == (50, 3, "/tmp/x")
+    assert cfg.cluster.component_placement.rollout == "4-5"  # the rest of the file is untouched
 
 
 def test_module_entry_rejects_a_bad_override_before_starting_ray(capsys) -> None:
