@@ -198,6 +198,7 @@ def run(
     started = time.perf_counter()
     console = console or Console()
     algo, settings = algo_config(cfg), run_settings(cfg)
+    spaces = env_spaces(algo.env_id)  # a wrong env id fails here, before Ray starts
     output = Path(settings.output_dir)
     checkpoint = reporting.load_checkpoint(output) if resume else None
     own_cluster = cluster is None
@@ -214,7 +215,7 @@ def run(
         cluster = cluster or Cluster(cfg["cluster"])
         placement = ComponentPlacement(cfg, cluster)
         _show_plan(console, cluster, placement)
-        live = _launch(cfg, cluster, placement, algo, settings, checkpoint, console)
+        live = _launch(cluster, placement, algo, spaces, settings, checkpoint, console)
         result.placements = {
             name: [p.to_dict() for p in placement.get_placements(name)] for name in COMPONENTS
         }
@@ -232,7 +233,7 @@ def run(
                 cluster.shutdown()
             records = reporting.read_metrics(output)
             if settings.plot and records:
-                title = f"PPO {algo.env_id}: {Path(str(cfg.get('name', output.name)))}"
+                title = f"PPO {algo.env_id}: {cfg.get('name') or output.name}"
                 result.plot = reporting.plot_learning_curve(
                     records, output / reporting.PLOT_FILE, algo.target_return, title
                 )
@@ -249,11 +250,29 @@ def _show_plan(console: Console, cluster: Cluster, placement: ComponentPlacement
     console.print()
 
 
+def env_spaces(env_id: str) -> tuple[int, int]:
+    """Observation size and number of actions, from one throw-away env; a ``JobConfigError``
+    naming ``algo.env_id`` if gymnasium does not know it or it is not a discrete-action env."""
+    try:
+        probe = gym.make(env_id)
+    except gym.error.Error as error:
+        raise JobConfigError(f"algo.env_id: {error}") from None
+    try:
+        if not isinstance(probe.action_space, gym.spaces.Discrete) or len(probe.observation_space.shape) != 1:
+            raise JobConfigError(
+                f"algo.env_id: {env_id!r} has {probe.action_space} actions and observations of shape "
+                f"{probe.observation_space.shape}; expected discrete actions and flat observations"
+            )
+        return int(probe.observation_space.shape[0]), int(probe.action_space.n)
+    finally:
+        probe.close()
+
+
 def _launch(
-    cfg: Mapping[str, Any],
     cluster: Cluster,
     placement: ComponentPlacement,
     algo: PPOConfig,
+    spaces: tuple[int, int],
     settings: RunSettings,
     checkpoint: dict[str, Any] | None,
     console: Console,
@@ -266,9 +285,7 @@ def _launch(
             f"the PPO job needs components {', '.join(COMPONENTS)}; missing {', '.join(missing)}",
             where="cluster.component_placement",
         )
-    probe = gym.make(algo.env_id)
-    obs_dim, num_actions = int(probe.observation_space.shape[0]), int(probe.action_space.n)
-    probe.close()
+    obs_dim, num_actions = spaces
     num_env_workers = placement.get_world_size("env")
     if algo.num_envs % num_env_workers:
         raise JobConfigError(

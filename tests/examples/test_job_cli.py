@@ -130,3 +130,17 @@ def test_rlinfra_run_names_an_unknown_algo_key(tmp_path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "algo.lerning_rate: unknown key" in result.stderr and "learning_rate" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("algo.env_id=CartPol-v1", "algo.env_id:"), ("algo.env_id=Pendulum-v1", "expected discrete actions")],
+)
+def test_a_bad_env_id_is_named_before_ray_starts(override: str, message: str) -> None:
+    result = subprocess.run(
+        [str(RLINFRA), "run", str(EXAMPLE / "colocated.yaml"), override],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Node × device map" not in result.stdout  # nothing was placed or started
