@@ -2,7 +2,13 @@
 
 from rlinfra.services.weights.barrier import UpdateReport, WeightSync, WeightSyncError
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
-from rlinfra.services.weights.roles import WeightReceiver, WeightSender, WeightsPausedError, WeightsView
+from rlinfra.services.weights.roles import (
+    WeightReceiver,
+    WeightSender,
+    WeightsPausedError,
+    WeightsVerifyError,
+    WeightsView,
+)
 from rlinfra.services.weights.staleness import Stamped, filter_stale
 
 __all__ = [
@@ -15,6 +21,7 @@ __all__ = [
     "WeightSync",
     "WeightSyncError",
     "WeightsPausedError",
+    "WeightsVerifyError",
     "WeightsView",
     "filter_stale",
 ]

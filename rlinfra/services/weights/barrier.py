@@ -9,7 +9,8 @@
 A failure anywhere rolls every surviving worker back to the previous version (nothing ever
 serves a mix of versions), leaves the version number unchanged, and raises ``WeightSyncError``
 naming the step and the workers. slime pauses generation for the whole transfer and its lock has
-no timeout; here only the O(1) swap and a checksum comparison happen while paused.
+no timeout; here only the O(1) swap and a checksum comparison happen while paused (the two in one
+call per worker, so the pause costs three round trips: pause, swap + verify, resume).
 
 Transports (``TRANSPORTS``):
 
@@ -41,10 +42,17 @@ from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.services.weights import cuda_ipc
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
+from rlinfra.services.weights.roles import WeightsVerifyError
 
 TRANSPORTS = ("object_store", "broadcast", "cuda_ipc")
 # Reasons (from rlinfra.runtime.calls) that mean a worker is gone rather than merely failing.
 _GONE = ("the worker process died", "the worker became unreachable", "its node")
+
+
+def _failed_verify(error: BaseException) -> bool:
+    """Whether a fused swap-and-verify failed in its verify half on some worker."""
+    failures = error.failures.values() if isinstance(error, WorkerGroupError) else []
+    return any(failure.reason.startswith(WeightsVerifyError.__name__) for failure in failures)
 
 
 class WeightSyncError(RuntimeError):
@@ -183,10 +191,10 @@ class WeightSync:
                 step = "while paused"
                 while_paused()
             step = "swap"
-            self._receivers_call("_weights_swap", owner, version)
-            step = "verify"
-            self._receivers_call("_weights_verify", version, prepared.checksums)
+            self._receivers_call("_weights_swap_verify", owner, version, prepared.checksums)
         except BaseException as error:
+            if step == "swap" and _failed_verify(error):
+                step = "verify"
             self._recover(version, resume_owner=owner)
             raise self._error(step, version, error) from error
         step = "resume"

@@ -46,6 +46,10 @@ class WeightsPausedError(TimeoutError):
     """Generation waited longer than its deadline for a paused update to finish."""
 
 
+class WeightsVerifyError(ValueError):
+    """The weights a worker serves are not the version, or not the bytes, the trainer sent."""
+
+
 @dataclass(frozen=True)
 class WeightsView:
     """The weights a piece of generation uses: its version and tensors (read-only views)."""
@@ -262,11 +266,18 @@ class WeightReceiver:
             current = state.current
             mismatched = sorted(i for i, value in expected.items() if current.checksums.get(i) != value)
             if current.version != version or mismatched:
-                raise ValueError(
+                raise WeightsVerifyError(
                     f"verify failed: serving version {current.version} (expected {version}); "
                     f"checksum mismatch in bucket(s) {mismatched[:8]}"
                 )
             return {"version": current.version, "buckets": len(current.checksums)}
+
+    def _weights_swap_verify(self, owner: str, version: int, expected: Mapping[int, int]) -> dict[str, Any]:
+        """Swap, then verify, in one call: one round trip less while generation is paused. The
+        semantics are those of the two steps in turn (every worker swaps and checks its own bytes;
+        any failure anywhere rolls every worker back)."""
+        self._weights_swap(owner, version)
+        return self._weights_verify(version, expected)
 
     def _weights_rollback(self, owner: str, version: int) -> int:
         """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
