@@ -4,7 +4,6 @@ and ``python -m examples.ppo_cartpole`` rejecting a bad Hydra override before an
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from examples.ppo_cartpole.__main__ import compose_config
 from examples.ppo_cartpole.__main__ import main as module_main
 from examples.ppo_cartpole.job import algo_config, run_settings
 from tests.examples.job_checks import EXAMPLE
+from tests.processes import process_alive, process_group_alive
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = EXAMPLE.parents[1]
@@ -44,14 +44,6 @@ def _wait_for_iterations(folder: Path, count: int, process: subprocess.Popen, ti
         time.sleep(0.2)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _ray_servers_of(driver_pid: int) -> set[int]:
     """PIDs of the GCS server and raylets a driver started: Ray names its session after the pid of
     the process that started it (``--session-name=session_<date>_<time>_<pid>``)."""
@@ -69,14 +61,6 @@ def _ray_servers_of(driver_pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_sigint_stops_cleanly_and_resume_continues(tmp_path) -> None:
     out = tmp_path / "run"
     process = _start("algo.iterations=50", f"run.output_dir={out}")
@@ -88,12 +72,12 @@ def test_sigint_stops_cleanly_and_resume_continues(tmp_path) -> None:
     assert process.returncode == 130, output
     assert "interrupted after iteration" in output and "--resume" in output
     assert "Traceback" not in output
-    assert not _group_alive(process.pid), "the run left processes behind"
+    assert not process_group_alive(process.pid), "the run left processes behind"
     # Ray's servers get their stop signal before the driver exits and take a moment to go.
     deadline = time.monotonic() + 15
-    while [pid for pid in started_by_run if _alive(pid)] and time.monotonic() < deadline:
+    while [pid for pid in started_by_run if process_alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in started_by_run if _alive(pid)], "the run left its Ray running"
+    assert not [pid for pid in started_by_run if process_alive(pid)], "the run left its Ray running"
     done = reporting.load_checkpoint(out)["driver"]["iteration"]
     assert done >= 2
 

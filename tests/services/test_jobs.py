@@ -39,6 +39,7 @@ from rlinfra.services.jobs import (
     resolve_address,
 )
 from tests.ports import free_ports
+from tests.processes import process_group_alive
 
 pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the `jobs` extra)")
 
@@ -71,18 +72,10 @@ def _stop_group(process: subprocess.Popen, grace_s: float = 3.0) -> None:
         except ProcessLookupError:
             break
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and _group_alive(process.pid):
+        while time.monotonic() < deadline and process_group_alive(process.pid):
             process.poll()
             time.sleep(0.2)
     process.poll()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _wait_until_ready(head: Head, log: Path) -> None:
