@@ -525,7 +525,9 @@ def _progress(console: Console, total: int, done: int) -> Iterator[tuple[Progres
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    # Without a terminal (CI, a pipe) the per-iteration lines say it all; a bar would only be
+    # printed once, at the end, cut to 80 columns.
+    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
         yield progress, progress.add_task("train", total=total, completed=done, status="starting")
 
 
