@@ -468,6 +468,8 @@ def _train(
                 "pause_s": round(pending_sync.get("pause_s", 0.0), 5),
                 "steps_per_s": round(state.env_steps / state.training_s, 1),
             } | {key: round(value, 5) for key, value in metrics.items() if key != "weight_version"}
+            if state.iteration % settings.checkpoint_every == 0:
+                record["replicas_in_sync"] = _replicas_in_sync(live, state.iteration)
             log.write(record)
             _after_iteration(live, settings, state, result, record)
             progress.update(task, completed=state.iteration, status=_status(record))
@@ -477,6 +479,18 @@ def _train(
             if mean_return >= algo.target_return:
                 result.solved = True
                 break
+
+
+def _replicas_in_sync(live: _Components, iteration: int) -> bool:
+    """Data parallelism must keep every actor rank's parameters bit-identical; rank 0 alone is
+    checkpointed and published, so a divergence would go unseen. Stop rather than train on."""
+    digests = live.actor.parameters_digest().wait()
+    if len(set(digests)) != 1:
+        raise RuntimeError(
+            f"actor replicas diverged at iteration {iteration}: parameter digests "
+            + ", ".join(f"rank {rank}: {digest[:12]}" for rank, digest in enumerate(digests))
+        )
+    return True
 
 
 def _after_iteration(

@@ -168,9 +168,6 @@ class EnvWorker(Worker):
     def _names(self) -> str:
         return ", ".join(name for name, _ in self.policies)
 
-    def close(self) -> None:
-        self.envs.close()
-
 
 class ActorWorker(WeightSender, Worker):
     """One data-parallel rank of the trainer. Every rank gets the whole batch and trains on its own

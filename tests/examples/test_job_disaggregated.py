@@ -37,6 +37,8 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert result.served_versions == list(range(ITERATIONS))
     records = reporting.read_metrics(tmp_path)
     assert [r["learner_version"] for r in records] == list(range(1, ITERATIONS + 1))
+    # Both data-parallel actor ranks held bit-identical parameters after every update.
+    assert all(r["replicas_in_sync"] for r in records)
     # Every env worker's batch came from one version, the same for all workers of an iteration,
     # and never more than max_staleness (1) behind the learner.
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
