@@ -385,6 +385,113 @@ class _DriverState:
         return data
 
 
+class _TrainingLoop:
+    """The driver's side of PPO: rollouts in, one update per iteration, new weights out."""
+
+    def __init__(
+        self,
+        live: _Components,
+        algo: PPOConfig,
+        settings: RunSettings,
+        state: _DriverState,
+        result: JobResult,
+    ) -> None:
+        self.live, self.algo, self.settings, self.state, self.result = live, algo, settings, state, result
+        self.overlap = algo.max_staleness >= 1
+        self.learner_version = live.version
+        self.sync = WeightSync(
+            live.actor,
+            live.rollout,
+            transport=settings.transport,
+            initial_version=live.version,
+            step_timeout_s=settings.call_timeout_s,
+        )
+        result.served_versions.append(self.sync.version)
+        self.staged: Prepared | None = None
+        self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0}
+
+    def iterations(self) -> Iterator[dict[str, Any]]:
+        """Run until the target return or the iteration budget; yield each iteration's record."""
+        state, algo = self.state, self.algo
+        clock = time.perf_counter()
+        pending = self.live.env.collect()
+        while state.iteration < algo.iterations:
+            waited = time.perf_counter()
+            rollouts = pending.wait()
+            collect_s = time.perf_counter() - waited
+            self._commit_staged()  # between rollouts: nothing in flight, no batch can mix versions
+            more = state.iteration + 1 < algo.iterations
+            if self.overlap and more:
+                pending = self.live.env.collect()  # on the newest weights, while the actor trains
+            trained = time.perf_counter()
+            record = self._learn(rollouts)
+            train_s = time.perf_counter() - trained
+            if not self.overlap:
+                self._commit_staged()
+                if more:
+                    pending = self.live.env.collect()
+            now = time.perf_counter()
+            state.training_s += now - clock
+            clock = now
+            state.iteration += 1
+            yield self._finish_record(record, collect_s, train_s)
+
+    def _commit_staged(self) -> None:
+        """Pause → swap → verify → resume for the version staged last iteration, if any."""
+        if self.staged is not None:
+            self.sync_s["pause_s"] = self.sync.commit(self.staged).pause_s
+            self.result.served_versions.append(self.sync.version)
+            self.staged = None
+
+    def _learn(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Drop rollouts older than ``max_staleness``, train on the rest, stage the new version
+        (``prepare`` runs while the env and rollout workers keep generating)."""
+        stamped = [Stamped(r["batch"].weight_version, r["batch"]) for r in rollouts]
+        oldest = min(s.version for s in stamped)
+        fresh, dropped = filter_stale(stamped, self.learner_version, self.algo.max_staleness)
+        self.result.dropped_batches += dropped
+        self.result.batch_versions.append([r["versions"][0] for r in rollouts])
+        for rollout in rollouts:
+            self.state.returns.extend(rollout["episode_returns"])
+        self.state.env_steps += sum(s.value.num_transitions for s in stamped)
+        record: dict[str, Any] = {
+            "batch_version": oldest,
+            "staleness": self.learner_version - oldest,
+            "dropped": dropped,
+        }
+        if fresh:
+            metrics = self.live.actor.train([s.value for s in fresh]).wait()[0]
+            self.learner_version = int(metrics.pop("weight_version"))
+            self.staged = self.sync.prepare(self.learner_version)
+            self.sync_s["prepare_s"] = self.staged.prepare_s
+            record |= {key: round(value, 5) for key, value in metrics.items()}
+        return record
+
+    def _finish_record(self, learned: dict[str, Any], collect_s: float, train_s: float) -> dict[str, Any]:
+        state = self.state
+        mean_return = state.mean_return()
+        if state.time_to_target_s is None and mean_return >= self.algo.target_return:
+            state.time_to_target_s = state.training_s
+        record = {
+            "iteration": state.iteration,
+            "env_steps": state.env_steps,
+            "time_s": round(state.training_s, 3),
+            "mean_return": mean_return,
+            "episodes": len(state.returns),
+            "batch_version": learned.pop("batch_version"),
+            "learner_version": self.learner_version,
+            "served_version": self.sync.version,
+            "collect_s": round(collect_s, 4),
+            "train_s": round(train_s, 4),
+            "sync_s": round(self.sync_s["prepare_s"] + self.sync_s["pause_s"], 4),
+            "pause_s": round(self.sync_s["pause_s"], 5),
+            "steps_per_s": round(state.env_steps / state.training_s, 1),
+        } | learned
+        if state.iteration % self.settings.checkpoint_every == 0:
+            record["replicas_in_sync"] = _replicas_in_sync(self.live, state.iteration)
+        return record
+
+
 def _train(
     live: _Components,
     algo: PPOConfig,
@@ -395,88 +502,17 @@ def _train(
     console: Console,
     on_iteration: Callable[[dict[str, Any]], None] | None,
 ) -> None:
-    overlap = algo.max_staleness >= 1
-    learner_version = live.version
-    sync = WeightSync(
-        live.actor,
-        live.rollout,
-        transport=settings.transport,
-        initial_version=learner_version,
-        step_timeout_s=settings.call_timeout_s,
-    )
-    result.served_versions.append(sync.version)
-    prepared: Prepared | None = None
-    pending_sync: dict[str, float] = {}
-    clock = time.perf_counter()
-    pending = live.env.collect()
+    """Iterate, and after each iteration: log, checkpoint, show progress, stop at the target."""
+    loop = _TrainingLoop(live, algo, settings, state, result)
     with _progress(console, algo.iterations, state.iteration) as (progress, task):
-        while state.iteration < algo.iterations:
-            iteration_started = time.perf_counter()
-            rollouts = pending.wait()
-            collect_s = time.perf_counter() - iteration_started
-            if prepared is not None:  # between rollouts: nothing in flight, no batch can mix versions
-                report = sync.commit(prepared)
-                pending_sync["pause_s"] = report.pause_s
-                result.served_versions.append(sync.version)
-                prepared = None
-            if overlap and state.iteration + 1 < algo.iterations:
-                pending = live.env.collect()  # runs on the newest weights while the actor trains
-            stamped = [Stamped(r["batch"].weight_version, r["batch"]) for r in rollouts]
-            staleness = learner_version - min(s.version for s in stamped)
-            fresh, dropped = filter_stale(stamped, learner_version, algo.max_staleness)
-            result.dropped_batches += dropped
-            result.batch_versions.append([r["versions"][0] for r in rollouts])
-            for r in rollouts:
-                state.returns.extend(r["episode_returns"])
-            train_started = time.perf_counter()
-            metrics: dict[str, float] = {}
-            if fresh:
-                metrics = live.actor.train([s.value for s in fresh]).wait()[0]
-                learner_version = int(metrics["weight_version"])
-                prepared = sync.prepare(learner_version)
-                pending_sync["prepare_s"] = prepared.prepare_s
-                if not overlap:
-                    report = sync.commit(prepared)
-                    pending_sync["pause_s"] = report.pause_s
-                    result.served_versions.append(sync.version)
-                    prepared = None
-            train_s = time.perf_counter() - train_started
-            if not overlap and state.iteration + 1 < algo.iterations:
-                pending = live.env.collect()
-            now = time.perf_counter()
-            state.training_s += now - clock
-            clock = now
-            state.iteration += 1
-            state.env_steps += sum(s.value.num_transitions for s in stamped)
-            mean_return = state.mean_return()
-            if state.time_to_target_s is None and mean_return >= algo.target_return:
-                state.time_to_target_s = state.training_s
-            record = {
-                "iteration": state.iteration,
-                "env_steps": state.env_steps,
-                "time_s": round(state.training_s, 3),
-                "mean_return": mean_return,
-                "episodes": len(state.returns),
-                "batch_version": min(s.version for s in stamped),
-                "learner_version": learner_version,
-                "served_version": sync.version,
-                "staleness": staleness,
-                "dropped": dropped,
-                "collect_s": round(collect_s, 4),
-                "train_s": round(train_s, 4),
-                "sync_s": round(pending_sync.get("prepare_s", 0.0) + pending_sync.get("pause_s", 0.0), 4),
-                "pause_s": round(pending_sync.get("pause_s", 0.0), 5),
-                "steps_per_s": round(state.env_steps / state.training_s, 1),
-            } | {key: round(value, 5) for key, value in metrics.items() if key != "weight_version"}
-            if state.iteration % settings.checkpoint_every == 0:
-                record["replicas_in_sync"] = _replicas_in_sync(live, state.iteration)
+        for record in loop.iterations():
             log.write(record)
             _after_iteration(live, settings, state, result, record)
             progress.update(task, completed=state.iteration, status=_status(record))
             console.print(_line(record), highlight=False, soft_wrap=True)
             if on_iteration is not None:
                 on_iteration(record)
-            if mean_return >= algo.target_return:
+            if record["mean_return"] >= algo.target_return:
                 result.solved = True
                 break
 
