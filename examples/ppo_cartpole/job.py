@@ -446,14 +446,14 @@ class _TrainingLoop:
     def _learn(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         """Drop rollouts older than ``max_staleness``, train on the rest, stage the new version
         (``prepare`` runs while the env and rollout workers keep generating)."""
-        stamped = [Stamped(r["batch"].weight_version, r["batch"]) for r in rollouts]
+        stamped = [Stamped(r["versions"][0], r["batch"]) for r in rollouts]
         oldest = min(s.version for s in stamped)
         fresh, dropped = filter_stale(stamped, self.learner_version, self.algo.max_staleness)
         self.result.dropped_batches += dropped
         self.result.batch_versions.append([r["versions"][0] for r in rollouts])
         for rollout in rollouts:
             self.state.returns.extend(rollout["episode_returns"])
-        self.state.env_steps += sum(s.value.num_transitions for s in stamped)
+        self.state.env_steps += sum(r["transitions"] for r in rollouts)
         record: dict[str, Any] = {
             "batch_version": oldest,
             "staleness": self.learner_version - oldest,

@@ -104,8 +104,9 @@ class EnvWorker(Worker):
         return [name for name, _ in policies]
 
     def collect(self) -> dict[str, Any]:
-        """One rollout of ``num_steps`` vector steps. Returns the GAE-ready batch, stamped with the
-        one weight version every action and value of it came from, and the episodes that ended."""
+        """One rollout of ``num_steps`` vector steps. Returns a reference to the GAE-ready batch,
+        stamped with the one weight version every action and value of it came from, and the
+        episodes that ended."""
         versions: set[int] = set()
         cfg = self.config
         for _ in range(cfg.num_steps):
@@ -132,7 +133,14 @@ class EnvWorker(Worker):
         finished = self.envs.episodes_finished - self.episodes_reported
         self.episodes_reported = self.envs.episodes_finished
         returns = list(self.envs.episode_returns)[-finished:] if finished else []
-        return {"batch": batch, "episode_returns": returns, "versions": [batch.weight_version]}
+        # The batch goes to the object store and only its reference to the driver: the actor ranks
+        # fetch it from here directly (env → actor), the driver sees just the summary.
+        return {
+            "batch": ray.put(batch),
+            "transitions": batch.num_transitions,
+            "episode_returns": returns,
+            "versions": [batch.weight_version],
+        }
 
     def _request(self, method: str, obs: np.ndarray) -> tuple[Any, int]:
         """Send each rollout worker its slice of ``obs`` at once; join the answers in env order.
@@ -196,8 +204,10 @@ class ActorWorker(WeightSender, Worker):
             self.learner.weight_version = int(checkpoint["weight_version"])
         return self.learner.weight_version
 
-    def train(self, batches: list[RolloutBatch]) -> dict[str, float]:
-        """One PPO update on the rollouts of every env worker (one version); bumps the version."""
+    def train(self, batch_refs: list[Any], fetch_timeout_s: float = 60.0) -> dict[str, float]:
+        """One PPO update on the rollouts of every env worker (one version), fetched straight from
+        the env workers' object stores; bumps the version."""
+        batches = ray.get(batch_refs, timeout=fetch_timeout_s)
         return self._learner().update(RolloutBatch.concat(batches))
 
     def weights_state(self) -> dict[str, torch.Tensor]:
