@@ -32,6 +32,7 @@ from typing import Any
 import gymnasium as gym
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.ppo.config import PPOConfig
@@ -43,7 +44,7 @@ from rlinfra.rendezvous import bring_up
 from rlinfra.runtime.errors import ClusterError, WorkerGroupError
 from rlinfra.runtime.layout import Layout
 from rlinfra.services.weights import Stamped, WeightSync, WeightSyncError, filter_stale
-from rlinfra.services.weights.barrier import Prepared
+from rlinfra.services.weights.barrier import TRANSPORTS, Prepared
 
 COMPONENTS = ("actor", "rollout", "env")
 
@@ -104,10 +105,10 @@ def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
     try:
         result = run(cfg, resume=resume, console=console)
     except (JobConfigError, PlacementError, ClusterError, FileNotFoundError) as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        errors.print(Text.assemble(("error: ", "bold red"), str(error)), highlight=False)
         return USAGE_ERROR
     except (WorkerGroupError, WeightSyncError) as error:
-        errors.print(f"[bold red]the job failed:[/] {error}", highlight=False)
+        errors.print(Text.assemble(("the job failed: ", "bold red"), str(error)), highlight=False)
         return FAILED
     console.print(summary(result, algo_config(cfg)), highlight=False, soft_wrap=True)
     return INTERRUPTED if result.interrupted else 0
@@ -142,11 +143,27 @@ def summary(result: JobResult, algo: PPOConfig) -> str:
 # ------------------------------------------------------------------------------------------- config
 def algo_config(cfg: Mapping[str, Any]) -> PPOConfig:
     """``algo`` as a ``PPOConfig``; an unknown key is named with the keys that exist."""
-    return _dataclass_section(PPOConfig, cfg, "algo")
+    algo = _dataclass_section(PPOConfig, cfg, "algo")
+    _require(algo.iterations >= 1, "algo.iterations", algo.iterations, "at least 1")
+    _require(algo.max_staleness >= 0, "algo.max_staleness", algo.max_staleness, "0 or more")
+    _require(algo.num_envs >= 1 and algo.num_steps >= 1, "algo.num_envs/num_steps", algo.num_envs, ">= 1")
+    options = ("ddp", "allreduce")
+    _require(algo.data_parallel in options, "algo.data_parallel", algo.data_parallel, f"one of {options}")
+    return algo
 
 
 def run_settings(cfg: Mapping[str, Any]) -> RunSettings:
-    return _dataclass_section(RunSettings, cfg, "run")
+    settings = _dataclass_section(RunSettings, cfg, "run")
+    _require(settings.checkpoint_every >= 1, "run.checkpoint_every", settings.checkpoint_every, "at least 1")
+    _require(settings.transport in TRANSPORTS, "run.transport", settings.transport, f"one of {TRANSPORTS}")
+    for key in ("num_cpus", "request_timeout_s", "call_timeout_s", "launch_timeout_s"):
+        _require(getattr(settings, key) > 0, f"run.{key}", getattr(settings, key), "a positive number")
+    return settings
+
+
+def _require(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise JobConfigError(f"{key}: got {value!r}; expected {expected}")
 
 
 def _dataclass_section(kind: type, cfg: Mapping[str, Any], name: str) -> Any:

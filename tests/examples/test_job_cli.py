@@ -128,3 +128,21 @@ def test_a_bad_env_id_is_named_before_ray_starts(override: str, message: str) ->
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Node × device map" not in result.stdout  # nothing was placed or started
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+run.checkpoint_every=0", "run.checkpoint_every: got 0; expected at least 1"),
+        ("+run.transport=carrier_pigeon", "run.transport: got 'carrier_pigeon'"),
+        ("algo.max_staleness=-1", "algo.max_staleness: got -1"),
+        ("algo.iterations=1.5", "algo.iterations: expected int, got 1.5"),
+    ],
+)
+def test_bad_job_settings_are_named_before_ray_starts(override: str, message: str) -> None:
+    from examples.ppo_cartpole.job import JobConfigError
+
+    cfg = compose_config("colocated", [override])
+    with pytest.raises(JobConfigError, match=message.replace("(", r"\(")):
+        algo_config(cfg)
+        run_settings(cfg)
