@@ -41,6 +41,7 @@ from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
 from rlinfra.placement.config_access import to_plain
 from rlinfra.rendezvous import bring_up
+from rlinfra.runtime.bundles import LayoutPlan
 from rlinfra.runtime.errors import ClusterError, WorkerGroupError
 from rlinfra.runtime.layout import Layout
 from rlinfra.services.weights import Stamped, WeightSync, WeightSyncError, filter_stale
@@ -187,10 +188,12 @@ def _dataclass_section(kind: type, cfg: Mapping[str, Any], name: str) -> Any:
 # ---------------------------------------------------------------------------------------------- job
 @dataclass
 class _Components:
+    """What a run holds on the cluster: the reserved layout and the groups launched into it."""
+
     layout: Layout
-    actor: Any
-    rollout: Any
-    env: Any
+    actor: Any = None
+    rollout: Any = None
+    env: Any = None
     version: int = 0  # the trainer's weight version after setup (non-zero after a resume)
 
     def shutdown(self) -> None:
@@ -231,8 +234,11 @@ def run(
     try:
         cluster = cluster or Cluster(cfg["cluster"])
         placement = ComponentPlacement(cfg, cluster)
-        _show_plan(console, cluster, placement)
-        live = _launch(cluster, placement, algo, spaces, settings, checkpoint, console)
+        envs_per_worker = _envs_per_worker(placement, algo)
+        with console.status("reserving the layout"):
+            live = _Components(Layout(cluster, placement, COMPONENTS, num_cpus=settings.num_cpus))
+        _show_plan(console, cluster, placement, live.layout.plan)  # what was reserved, before any worker
+        _launch(live, cluster, placement, algo, spaces, envs_per_worker, settings, checkpoint, console)
         result.placements = {
             name: [p.to_dict() for p in placement.get_placements(name)] for name in COMPONENTS
         }
@@ -258,12 +264,12 @@ def run(
     return result
 
 
-def _show_plan(console: Console, cluster: Cluster, placement: ComponentPlacement) -> None:
-    """The same tables and map as ``rlinfra plan``, for the live cluster, before anything starts."""
-    from rlinfra.cli.layout_view import plan_job_layout
+def _show_plan(console: Console, cluster: Cluster, placement: ComponentPlacement, layout: LayoutPlan) -> None:
+    """The same tables, map and layout as ``rlinfra plan``, for the live cluster and the placement
+    group just reserved, before any worker starts."""
     from rlinfra.cli.plan_view import render_plan
 
-    render_plan(console, cluster.spec, placement, plan_job_layout(placement), show_all=False)
+    render_plan(console, cluster.spec, placement, layout, show_all=False)
     console.print()
 
 
@@ -285,62 +291,64 @@ def env_spaces(env_id: str) -> tuple[int, int]:
         probe.close()
 
 
-def _launch(
-    cluster: Cluster,
-    placement: ComponentPlacement,
-    algo: PPOConfig,
-    spaces: tuple[int, int],
-    settings: RunSettings,
-    checkpoint: dict[str, Any] | None,
-    console: Console,
-) -> _Components:
-    """One placement group for the job, the three groups in it, the trainer's process group, the
-    first weights on every rollout worker and the env → rollout wiring."""
+def _envs_per_worker(placement: ComponentPlacement, algo: PPOConfig) -> int:
+    """The job's shape, checked before anything is reserved: the three components exist and the
+    envs split evenly over the env workers."""
     missing = [name for name in COMPONENTS if name not in placement.components]
     if missing:
         raise PlacementError(
             f"the PPO job needs components {', '.join(COMPONENTS)}; missing {', '.join(missing)}",
             where="cluster.component_placement",
         )
-    obs_dim, num_actions = spaces
     num_env_workers = placement.get_world_size("env")
     if algo.num_envs % num_env_workers:
         raise JobConfigError(
             f"algo.num_envs: {algo.num_envs} envs cannot be split evenly over {num_env_workers} env "
             f"workers; expected a multiple of {num_env_workers}"
         )
+    return algo.num_envs // num_env_workers
+
+
+def _launch(
+    live: _Components,
+    cluster: Cluster,
+    placement: ComponentPlacement,
+    algo: PPOConfig,
+    spaces: tuple[int, int],
+    envs_per_worker: int,
+    settings: RunSettings,
+    checkpoint: dict[str, Any] | None,
+    console: Console,
+) -> None:
+    """The three groups in the reserved layout, the trainer's process group, the first weights on
+    every rollout worker and the env → rollout wiring. On failure the caller's ``live.shutdown()``
+    releases whatever started."""
+    obs_dim, num_actions = spaces
     algo_dict = dataclasses.asdict(algo)
-    with console.status("reserving the layout and starting workers"):
-        layout = Layout(cluster, placement, COMPONENTS, num_cpus=settings.num_cpus)
-        live = _Components(layout, None, None, None)
-        try:
-            options = {
-                "layout": layout,
-                "num_cpus": settings.num_cpus,
-                "launch_timeout": settings.launch_timeout_s,
-                "call_timeout": settings.call_timeout_s,
-            }
-            live.env = EnvWorker.create_group(
-                algo_dict, algo.num_envs // num_env_workers, settings.request_timeout_s
-            ).launch(cluster, placement.get_strategy("env"), name="env", **options)
-            live.actor = ActorWorker.create_group(algo_dict, obs_dim, num_actions).launch(
-                cluster, placement.get_strategy("actor"), name="actor", **options
-            )
-            # Two threads: one serves the env workers, the other stages the next weights.
-            live.rollout = RolloutWorker.create_group(algo_dict, obs_dim, num_actions).launch(
-                cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2, **options
-            )
-            bring_up(live.actor, backend="gloo")
-            actor_bytes = checkpoint["actor"] if checkpoint else None
-            versions = live.actor.setup(actor_bytes).wait()
-            first = live.actor.execute_on(0).export_weights().wait()[0]
-            live.rollout.set_initial_weights(first, versions[0]).wait()
-            live.version = versions[0]
-            _connect(live.env, live.rollout)
-        except BaseException:
-            live.shutdown()
-            raise
-    return live
+    options = {
+        "layout": live.layout,
+        "num_cpus": settings.num_cpus,
+        "launch_timeout": settings.launch_timeout_s,
+        "call_timeout": settings.call_timeout_s,
+    }
+    with console.status("starting workers"):
+        live.env = EnvWorker.create_group(algo_dict, envs_per_worker, settings.request_timeout_s).launch(
+            cluster, placement.get_strategy("env"), name="env", **options
+        )
+        live.actor = ActorWorker.create_group(algo_dict, obs_dim, num_actions).launch(
+            cluster, placement.get_strategy("actor"), name="actor", **options
+        )
+        # Two threads: one serves the env workers, the other stages the next weights.
+        live.rollout = RolloutWorker.create_group(algo_dict, obs_dim, num_actions).launch(
+            cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2, **options
+        )
+        bring_up(live.actor, backend="gloo")
+        actor_bytes = checkpoint["actor"] if checkpoint else None
+        versions = live.actor.setup(actor_bytes).wait()
+        first = live.actor.execute_on(0).export_weights().wait()[0]
+        live.rollout.set_initial_weights(first, versions[0]).wait()
+        live.version = versions[0]
+        _connect(live.env, live.rollout)
 
 
 def _connect(env: Any, rollout: Any) -> None:
