@@ -16,23 +16,13 @@ import statistics
 import time
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from noop_actors import Noop, RawNoop, ready_then_release
+from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlinfra import Cluster, ComponentPlacement, Worker
+from rlinfra import Cluster, ComponentPlacement
 
 SIZES = (8, 32)
-
-
-class Noop(Worker):
-    def ping(self) -> int:
-        return self._rank
-
-
-@ray.remote
-class RawNoop:
-    def ping(self) -> int:
-        return 0
 
 
 def launch_rlinfra(cluster: Cluster, plan: ComponentPlacement, name: str) -> float:
@@ -56,12 +46,7 @@ def launch_raw(size: int) -> float:
         ).remote()
         for i in range(size)
     ]
-    ray.get([actor.ping.remote() for actor in actors], timeout=120)
-    elapsed = time.perf_counter() - start
-    for actor in actors:
-        ray.kill(actor)
-    remove_placement_group(pg)
-    return elapsed
+    return ready_then_release(start, actors, pg, timeout_s=120)
 
 
 def main() -> None:

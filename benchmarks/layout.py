@@ -20,25 +20,15 @@ import statistics
 import time
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from noop_actors import Noop, RawNoop, ready_then_release
+from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlinfra import Cluster, ComponentPlacement, Worker
+from rlinfra import Cluster, ComponentPlacement
 from rlinfra.runtime.layout import Layout
 
 CFG = {"cluster": {"num_nodes": 1, "simulate": "1x8", "component_placement": {"actor,rollout": "0-7"}}}
 BUNDLES = [{"GPU": 1, "CPU": 1}] * 8
-
-
-class Noop(Worker):
-    def ping(self) -> int:
-        return self._rank
-
-
-@ray.remote
-class Raw:
-    def ping(self) -> int:
-        return 0
 
 
 @ray.remote(num_gpus=1, num_cpus=0)
@@ -66,7 +56,7 @@ def rlinfra_way(cluster: Cluster) -> float:
 
 def _raw_actors(pg, order: list[int]) -> list:
     return [
-        Raw.options(
+        RawNoop.options(
             num_cpus=0.5,
             num_gpus=0.5,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
@@ -81,12 +71,7 @@ def by_hand(_: Cluster) -> float:
     pg = placement_group(BUNDLES, strategy="PACK")
     ray.get(pg.ready(), timeout=60)
     actors = _raw_actors(pg, list(range(8)))
-    ray.get([a.ping.remote() for a in actors], timeout=60)
-    elapsed = time.perf_counter() - start
-    for actor in actors:
-        ray.kill(actor)
-    remove_placement_group(pg)
-    return elapsed
+    return ready_then_release(start, actors, pg, timeout_s=60)
 
 
 def probe_then_launch(_: Cluster) -> float:
@@ -104,12 +89,7 @@ def probe_then_launch(_: Cluster) -> float:
         ray.kill(probe)
     order = sorted(range(8), key=lambda b: (found[b][0], [int(i) for i in found[b][1]]))
     actors = _raw_actors(pg, order)
-    ray.get([a.ping.remote() for a in actors], timeout=60)
-    elapsed = time.perf_counter() - start
-    for actor in actors:
-        ray.kill(actor)
-    remove_placement_group(pg)
-    return elapsed
+    return ready_then_release(start, actors, pg, timeout_s=60)
 
 
 def main() -> None:
