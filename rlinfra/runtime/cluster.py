@@ -32,7 +32,8 @@ class Cluster:
 
     Keyword arguments override the config: ``address``, ``simulate`` (``"NxG"`` or per-node
     counts), ``num_nodes``, ``node_timeout`` (seconds to wait for the nodes),
-    ``simulate_cpus`` (logical CPUs per simulated node), ``simulate_resources`` and
+    ``simulate_cpus`` (logical CPUs per simulated node), ``simulate_object_store_mib`` (each simulated
+    node's object store; Ray's test clusters give 150 MiB), ``simulate_resources`` and
     ``simulate_labels`` (one mapping per simulated node: Ray custom resources and node labels,
     to rehearse topology constraints).
     """
@@ -58,9 +59,13 @@ class Cluster:
             cpus = require_int(
                 section.get("simulate_cpus", DEFAULT_SIMULATED_CPUS), "cluster.simulate_cpus", minimum=1
             )
+            store_mib = section.get("simulate_object_store_mib")
+            if store_mib is not None:
+                store_mib = require_int(store_mib, "cluster.simulate_object_store_mib", minimum=64)
             self._embedded = EmbeddedRay.start_simulated(
                 counts,
                 cpus_per_node=cpus,
+                object_store_bytes=store_mib * 2**20 if store_mib else None,
                 resources_per_node=_per_node(section, "simulate_resources", len(counts)),
                 labels_per_node=_per_node(section, "simulate_labels", len(counts)),
             )

@@ -48,10 +48,12 @@ class EmbeddedRay:
         cpus_per_node: int = DEFAULT_SIMULATED_CPUS,
         resources_per_node: Sequence[dict[str, float]] | None = None,
         labels_per_node: Sequence[dict[str, str]] | None = None,
+        object_store_bytes: int | None = None,
     ) -> EmbeddedRay:
         """One real raylet per simulated node, each labelled with its node rank so that ranks
         are stable across restarts (simulated nodes share one IP); ``resources_per_node`` and
-        ``labels_per_node`` add custom resources and labels per node."""
+        ``labels_per_node`` add custom resources and labels per node; ``object_store_bytes`` sizes
+        every node's object store (else Ray's test-cluster default)."""
         from ray.cluster_utils import Cluster as RayTestCluster
 
         extra = list(resources_per_node or [{} for _ in accelerators_per_node])
@@ -59,6 +61,7 @@ class EmbeddedRay:
             {**{str(k): str(v) for k, v in node.items()}, NODE_RANK_LABEL: str(rank)}
             for rank, node in enumerate(labels_per_node or [{} for _ in accelerators_per_node])
         ]
+        store = {"object_store_memory": object_store_bytes} if object_store_bytes else {}
         simulated = RayTestCluster(
             initialize_head=True,
             head_node_args={
@@ -68,6 +71,7 @@ class EmbeddedRay:
                 "labels": labels[0],
                 "include_dashboard": False,
                 "_system_config": HEALTH_CHECK_CONFIG,
+                **store,
             },
         )
         try:
@@ -77,6 +81,7 @@ class EmbeddedRay:
                     num_gpus=count,
                     resources=extra[rank],
                     labels=labels[rank],
+                    **store,
                 )
             ray.init(address=simulated.address, **_quiet())
         except BaseException:

@@ -38,6 +38,7 @@ CFG = {
 }
 BUCKET_BYTES = 256 * 1024
 MIB = 2**20
+OBJECT_STORES = ["object_store", "object_store_shared"]  # private copies; zero-copy, one per node
 
 
 def make_state(version: int) -> dict[str, np.ndarray]:
@@ -69,7 +70,7 @@ class Trainer(WeightSender, Worker):
 class CorruptingTrainer(Trainer):
     """Flips a byte of bucket 1 after checksumming it, as a faulty link would."""
 
-    def _weights_put(self, version: int, index: int):
+    def _weights_put(self, version: int, index: int, bounded: bool = True):
         state, spec = self._sending(version, index)
         arrays, digest = bucket_arrays(state, spec)
         if index == 1:
@@ -79,9 +80,10 @@ class CorruptingTrainer(Trainer):
 
 
 class Rollout(WeightReceiver, Worker):
-    def __init__(self, die_on_bucket: int | None = None) -> None:
+    def __init__(self, die_on_bucket: int | None = None, private_bucket: int | None = None) -> None:
         self.set_initial_weights(make_state(0), version=0)
         self.die_on_bucket = die_on_bucket
+        self.private_bucket = private_bucket
 
     def generate_for(self, seconds: float) -> list[tuple]:
         samples = []
@@ -102,6 +104,35 @@ class Rollout(WeightReceiver, Worker):
         if self.die_on_bucket == index and self._rank == 3:
             os._exit(9)
         return super()._weights_receive(version, index, payload)
+
+    def _weights_map(self, version, index, refs, hashers, timeout_s):
+        if self.die_on_bucket == index and self._rank == 3:
+            os._exit(9)
+        if self.private_bucket == index and self._rank == 3:  # serve a corrupted copy of its own
+            arrays = [array.copy() for array in ray.get(refs[0])]
+            arrays[0][7] ^= 0xFF
+            refs = [ray.put(arrays)]
+        return super()._weights_map(version, index, refs, hashers, timeout_s)
+
+    def shared_mapping(self) -> dict:
+        """How the serving weights are held: writable or not, object ids, and whether every
+        tensor's bytes lie inside a mapping of Ray's object store in this process."""
+        state = self._weights()
+        with self.serving(timeout_s=5) as weights:
+            tensors = list(weights.tensors.values())
+        store_ranges = []
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "plasma" in line:
+                    start, end = (int(part, 16) for part in line.split()[0].split("-"))
+                    store_ranges.append((start, end))
+        addresses = [tensor.__array_interface__["data"][0] for tensor in tensors]
+        return {
+            "writeable": any(tensor.flags.writeable for tensor in tensors),
+            "object_ids": [ref.hex() for ref in state.current.refs],
+            "in_store": bool(store_ranges)
+            and all(any(lo <= a < hi for lo, hi in store_ranges) for a in addresses),
+        }
 
 
 @pytest.fixture
@@ -127,9 +158,10 @@ def expect_serving(rollout, version: int) -> None:
     assert rollout.current().wait(timeout=10) == [(version, fingerprint(make_state(version)))] * 4
 
 
-def test_generation_continues_during_prepare_and_no_sample_mixes_versions(job):
+@pytest.mark.parametrize("transport", OBJECT_STORES)
+def test_generation_continues_during_prepare_and_no_sample_mixes_versions(job, transport):
     trainer, rollout = job()
-    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
+    sync = WeightSync(trainer, rollout, transport=transport, bucket_bytes=BUCKET_BYTES)
     generation = rollout.generate_for(4.0)
     time.sleep(0.5)  # let generation get going on version 0 (pacing, not synchronisation)
     trainer.train_to(1).wait()
@@ -160,9 +192,10 @@ def test_versions_must_increase_and_staleness_is_bounded(job):
     assert [s.version for s in fresh] == [2, 3, 3] and dropped == 2
 
 
-def test_corrupted_bucket_fails_verify_and_rolls_everyone_back(job):
+@pytest.mark.parametrize("transport", OBJECT_STORES)
+def test_corrupted_bucket_fails_verify_and_rolls_everyone_back(job, transport):
     trainer, rollout = job(trainer_cls=CorruptingTrainer)
-    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
+    sync = WeightSync(trainer, rollout, transport=transport, bucket_bytes=BUCKET_BYTES)
     trainer.train_to(1).wait()
     with pytest.raises(WeightSyncError) as caught:
         sync.update(1)
@@ -174,9 +207,10 @@ def test_corrupted_bucket_fails_verify_and_rolls_everyone_back(job):
     expect_serving(rollout, 0)  # resumed: serving answers at once, on the old weights
 
 
-def test_rollout_killed_mid_update_leaves_survivors_consistent(job):
+@pytest.mark.parametrize("transport", OBJECT_STORES)
+def test_rollout_killed_mid_update_leaves_survivors_consistent(job, transport):
     trainer, rollout = job(die_on_bucket=1)
-    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
+    sync = WeightSync(trainer, rollout, transport=transport, bucket_bytes=BUCKET_BYTES)
     trainer.train_to(1).wait()
     started = time.monotonic()
     with pytest.raises(WeightSyncError) as caught:
@@ -192,9 +226,10 @@ def test_rollout_killed_mid_update_leaves_survivors_consistent(job):
     assert survivors.current().wait(timeout=10) == [(2, fingerprint(make_state(2)))] * 3
 
 
-def test_trainer_error_after_pause_rolls_back_and_resumes(job):
+@pytest.mark.parametrize("transport", OBJECT_STORES)
+def test_trainer_error_after_pause_rolls_back_and_resumes(job, transport):
     trainer, rollout = job()
-    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
+    sync = WeightSync(trainer, rollout, transport=transport, bucket_bytes=BUCKET_BYTES)
     trainer.train_to(1).wait()
     prepared = sync.prepare(1)
 
@@ -330,6 +365,75 @@ def test_object_store_keeps_at_most_two_buckets_alive_while_sending_many(job):
     # was seen in flight (the poller observes something), never more than two.
     assert poller.samples >= 10
     assert MIB <= poller.peak_primary <= 2 * (MIB + OBJECT_OVERHEAD)
+
+
+# ------------------------------------------------------------- shared weights (object_store_shared)
+def test_shared_weights_are_the_object_store_bytes_one_object_per_bucket_for_everyone(job):
+    trainer, rollout = job()
+    sync = WeightSync(trainer, rollout, transport="object_store_shared", bucket_bytes=BUCKET_BYTES)
+    trainer.train_to(1).wait()
+    report = sync.update(1)
+    expect_serving(rollout, 1)
+    mappings = rollout.shared_mapping().wait(timeout=10)
+    # Every worker, on both nodes, serves read-only views lying inside its mapping of Ray's object
+    # store (not a copy in its own heap), of the same objects: one per bucket, put once.
+    assert all(m["in_store"] and not m["writeable"] for m in mappings)
+    assert len({tuple(m["object_ids"]) for m in mappings}) == 1
+    assert len(mappings[0]["object_ids"]) == report.buckets >= 3
+    # The next version replaces them; the last-but-one version's objects are released at prepare.
+    trainer.train_to(2).wait()
+    sync.update(2)
+    expect_serving(rollout, 2)
+    now = rollout.shared_mapping().wait(timeout=10)[0]["object_ids"]
+    assert not set(now) & set(mappings[0]["object_ids"])
+
+
+def test_shared_weights_outlive_the_trainer_that_put_them(job):
+    """The trainer owns the objects; when it dies Ray frees them, but the store does not reuse
+    memory a worker still maps: the rollouts keep serving intact weights."""
+    trainer, rollout = job()
+    sync = WeightSync(trainer, rollout, transport="object_store_shared", bucket_bytes=BUCKET_BYTES)
+    trainer.train_to(1).wait()
+    sync.update(1)
+    ray.kill(trainer.actors[0])
+    # Churn the stores on both nodes so that freed memory would be handed out again.
+    churn = [ray.put(np.full(BUCKET_BYTES, 0xAB, dtype=np.uint8)) for _ in range(20)]
+    assert rollout.current().wait(timeout=10) == [(1, fingerprint(make_state(1)))] * 4
+    mappings = rollout.shared_mapping().wait(timeout=10)
+    assert all(m["in_store"] for m in mappings)
+    del churn
+
+
+def test_shared_weights_a_worker_serving_an_unchecked_copy_fails_verify(job):
+    """Bucket 0 is hashed on node 1 by rank 2; rank 3 swaps in a corrupted copy of its own. Its
+    node's checksum is right, so only the identity check can catch it — and must."""
+    trainer, rollout = job(private_bucket=0)
+    sync = WeightSync(trainer, rollout, transport="object_store_shared", bucket_bytes=BUCKET_BYTES)
+    trainer.train_to(1).wait()
+    with pytest.raises(WeightSyncError) as caught:
+        sync.update(1)
+    assert caught.value.step == "verify" and caught.value.failed_ranks == [3]
+    assert "bucket(s) [0] are not the objects checked on this node" in str(caught.value)
+    expect_serving(rollout, 0)
+
+
+class BigTrainer(Trainer):
+    """80 MiB of zeros (never touched: no memory is used) — more than half a 150 MiB store."""
+
+    def __init__(self) -> None:
+        self.state = {"w": np.zeros(80 * MIB // 4, dtype=np.float32)}
+
+
+def test_shared_weights_refuse_a_store_that_cannot_hold_two_versions(job):
+    trainer, rollout = job(trainer_cls=BigTrainer)
+    sync = WeightSync(trainer, rollout, transport="object_store_shared", bucket_bytes=16 * MIB)
+    with pytest.raises(WeightSyncError) as caught:
+        sync.update(1)
+    message = str(caught.value)
+    assert caught.value.step == "prepare" and sync.version == 0
+    assert "keeps two versions (160 MiB)" in message and "the node of trainer rank 0" in message
+    assert "Use transport='object_store'" in message
+    expect_serving(rollout, 0)
 
 
 def test_cuda_ipc_refuses_receivers_on_another_node(job):

@@ -18,6 +18,13 @@ Transports (``TRANSPORTS``):
   two buckets are alive there (the sender waits for Ray to release bucket i - 2 before putting
   bucket i); zero-copy reads on one node, works across nodes. Freed buckets stay in the store,
   evictable, until Ray's batched deletion (about a second) or a new object needs the room.
+* ``"object_store_shared"``: zero-copy on every node. The receivers keep the buckets where Ray
+  maps them — read-only views of their node's object store — as their shadow, so a node holds one
+  copy of each version whatever the number of workers on it, nothing is copied on a receiver, and
+  each bucket is hashed once per node (by one of its workers, in turn); at verify every worker
+  checks that it serves exactly the objects hashed on its node. The store holds two versions
+  (serving and staged); a node whose object store is smaller than that is refused at prepare.
+  Weights are read-only (numpy enforces it; torch views of them must not be written to).
 * ``"broadcast"``: a torch.distributed cross-component group from ``rlinfra.rendezvous`` (gloo
   here, nccl on GPUs).
 * ``"cuda_ipc"``: for colocated GPU workers (sender and receivers on one node, receivers able to
@@ -42,9 +49,16 @@ from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.services.weights import cuda_ipc
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
-from rlinfra.services.weights.roles import WeightsVerifyError
+from rlinfra.services.weights.roles import NodeChecks, WeightsVerifyError
 
-TRANSPORTS = ("object_store", "broadcast", "cuda_ipc")
+TRANSPORTS = ("object_store", "object_store_shared", "broadcast", "cuda_ipc")
+# Where each transport stages a version on a receiver (``WeightReceiver._weights_begin``).
+SHADOW_DEVICE = {
+    "object_store": "cpu",
+    "object_store_shared": "shared",
+    "broadcast": "cpu",
+    "cuda_ipc": "cuda",
+}
 # Reasons (from rlinfra.runtime.calls) that mean a worker is gone rather than merely failing.
 _GONE = ("the worker process died", "the worker became unreachable", "its node")
 
@@ -96,6 +110,7 @@ class Prepared:
     manifest: Manifest
     checksums: dict[int, int]
     prepare_s: float
+    node_checks: NodeChecks | None = None  # object_store_shared: what each node hashed
 
 
 class WeightSync:
@@ -156,12 +171,14 @@ class WeightSync:
         started = time.perf_counter()
         try:
             manifest = self._sender_call("_weights_open", version, self.bucket_bytes)
-            # Only the CUDA IPC transport stages on a GPU (begin's default is host memory).
-            self._receivers_call(
-                "_weights_begin", manifest, *(("cuda",) if self.transport == "cuda_ipc" else ())
-            )
+            node_checks = None
+            if self.transport == "object_store_shared":
+                self._check_store_room(manifest.nbytes)
+            self._receivers_call("_weights_begin", manifest, SHADOW_DEVICE[self.transport])
             if self.transport == "object_store":
                 checksums = self._transfer_object_store(manifest)
+            elif self.transport == "object_store_shared":
+                checksums, node_checks = self._transfer_shared(manifest)
             elif self.transport == "cuda_ipc":
                 checksums = self._transfer_cuda_ipc(manifest)
             else:
@@ -172,7 +189,7 @@ class WeightSync:
             raise self._error("prepare", version, error) from error
         finally:
             self._sender_call_quietly("_weights_close", version)
-        return Prepared(version, manifest, checksums, time.perf_counter() - started)
+        return Prepared(version, manifest, checksums, time.perf_counter() - started, node_checks)
 
     def commit(self, prepared: Prepared, while_paused: Callable[[], None] | None = None) -> UpdateReport:
         """Pause → swap → verify → resume (always). On any failure: roll back, resume, raise.
@@ -191,7 +208,9 @@ class WeightSync:
                 step = "while paused"
                 while_paused()
             step = "swap"
-            self._receivers_call("_weights_swap_verify", owner, version, prepared.checksums)
+            self._receivers_call(
+                "_weights_swap_verify", owner, version, prepared.checksums, prepared.node_checks
+            )
         except BaseException as error:
             if step == "swap" and _failed_verify(error):
                 step = "verify"
@@ -230,6 +249,71 @@ class WeightSync:
             self._receivers_call("_weights_receive", version, index, ref)
             del ref
         return checksums
+
+    def _transfer_shared(self, manifest: Manifest) -> tuple[dict[int, int], NodeChecks]:
+        """Every bucket put once and mapped (not copied) by every receiver. Nothing is freed until
+        the next version, so the driver does not hold a put back until the receivers are done: it
+        hands each bucket out as soon as it is in the store and collects the answers at the end.
+        Bucket i is hashed on each node by that node's (i mod n)-th worker."""
+        version = manifest.version
+        count = len(manifest.buckets)
+        sender = self.sender.actors[self.sender_rank]
+        ranks_by_node: dict[str, list[int]] = {}
+        for rank in self.alive:
+            ranks_by_node.setdefault(self._node_id(self.receivers, rank), []).append(rank)
+        checksums: dict[int, int] = {}
+        mapping: list[list[Any]] = []
+        next_put = sender._weights_put.remote(version, 0, False) if count else None
+        for index in range(count):
+            digest, refs = self._get_sender(next_put, "_weights_put")
+            next_put = sender._weights_put.remote(version, index + 1, False) if index + 1 < count else None
+            checksums[index] = digest
+            hashers = tuple(ranks[index % len(ranks)] for ranks in ranks_by_node.values())
+            mapping.append(
+                [
+                    self.receivers.actors[rank]._weights_map.remote(
+                        version, index, refs, hashers, self.step_timeout_s
+                    )
+                    for rank in self.alive
+                ]
+            )
+            del refs
+        node_checks: dict[str, dict[int, tuple[str, int]]] = {}
+        for index, refs in enumerate(mapping):
+            answers = self._wait_receivers("_weights_map", refs)
+            for rank, (object_id, digest) in zip(self.alive, answers, strict=True):
+                if digest is not None:
+                    node = self._node_id(self.receivers, rank)
+                    node_checks.setdefault(node, {})[index] = (object_id, digest)
+        return checksums, node_checks
+
+    def _check_store_room(self, nbytes: int) -> None:
+        """Shared weights keep two versions in the object store of every node involved (the
+        serving one, kept for rollback until the next prepare, and the staged one); refuse before
+        anything is sent where a store is smaller, instead of filling it and stalling every put."""
+        ranks = {self._node_id(self.sender, self.sender_rank): f"{self.sender.name} rank {self.sender_rank}"}
+        for rank in self.alive:
+            ranks.setdefault(self._node_id(self.receivers, rank), f"{self.receivers.name} rank {rank}")
+        capacity = {
+            node["NodeID"]: node.get("Resources", {}).get("object_store_memory", 0) for node in ray.nodes()
+        }
+        needed = 2 * nbytes
+        small = [
+            f"the node of {who} ({node_id[:8]}) has {capacity[node_id] / 2**20:.0f} MiB"
+            for node_id, who in ranks.items()
+            if node_id in capacity and capacity[node_id] < needed
+        ]
+        if small:
+            raise ValueError(
+                f"the object_store_shared transport keeps two versions ({needed / 2**20:.0f} MiB) in "
+                f"the object store of each node, but {'; '.join(small)}. Use transport='object_store' "
+                "(private copies, two buckets in flight) or give the nodes larger object stores."
+            )
+
+    @staticmethod
+    def _node_id(group: WorkerGroup, rank: int) -> str:
+        """The Ray node id the worker started on (reported by the worker when it came up)."""
+        return group.worker_info[rank]["node_id"]
 
     def _transfer_cuda_ipc(self, manifest: Manifest) -> dict[int, int]:
         """Like the object store, one bucket at a time, but only CUDA IPC handles travel: the sender

@@ -12,6 +12,7 @@ so any transport can carry them and checksums are computed on exactly what trave
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -185,18 +186,46 @@ def unpack(buffer: Any, spec: BucketSpec, as_torch: bool = False) -> dict[str, A
             .reshape(entry.shape)
             for entry in spec.entries
         }
-    out: dict[str, Any] = {}
-    for entry in spec.entries:
-        raw = buffer[entry.offset : entry.offset + entry.nbytes]
-        if entry.dtype == "bfloat16":
-            array = raw.view(np.uint16).reshape(entry.shape)
-            out[entry.name] = (
-                _torch().from_numpy(array.view(np.int16)).view(_torch().bfloat16) if as_torch else array
-            )
-            continue
-        array = raw.view(np.dtype(entry.dtype)).reshape(entry.shape)
-        out[entry.name] = _torch().from_numpy(array) if as_torch else array
-    return out
+    return {
+        entry.name: _typed_view(buffer[entry.offset : entry.offset + entry.nbytes], entry, as_torch)
+        for entry in spec.entries
+    }
+
+
+def unpack_arrays(arrays: list[np.ndarray], spec: BucketSpec, as_torch: bool = False) -> dict[str, Any]:
+    """Like ``unpack``, for a bucket that arrived as one uint8 array per tensor (the object store
+    carries ``bucket_arrays``' list as it is). Read-only arrays (Ray's zero-copy views of the
+    object store) stay read-only under numpy; torch has no read-only tensors, so its views must
+    not be written to (they are shared with every worker on the node)."""
+    check_arrays(arrays, spec)
+    pairs = zip(spec.entries, arrays, strict=True)
+    return {entry.name: _typed_view(array, entry, as_torch) for entry, array in pairs}
+
+
+def check_arrays(arrays: list[np.ndarray], spec: BucketSpec) -> None:
+    """Raise ``ValueError`` unless ``arrays`` has one array of the right size per entry."""
+    if len(arrays) != len(spec.entries):
+        raise ValueError(f"bucket {spec.index}: got {len(arrays)} tensors, expected {len(spec.entries)}")
+    for entry, array in zip(spec.entries, arrays, strict=True):
+        if array.nbytes != entry.nbytes:
+            raise ValueError(f"{entry.name}: got {array.nbytes} bytes, expected {entry.nbytes}")
+
+
+def _typed_view(raw: np.ndarray, entry: Entry, as_torch: bool) -> Any:
+    """``raw`` (1-D uint8) seen as the entry's dtype and shape, as numpy or torch, without a copy."""
+    if entry.dtype == "bfloat16":
+        array = raw.view(np.uint16).reshape(entry.shape)
+        return _torch_view(array.view(np.int16)).view(_torch().bfloat16) if as_torch else array
+    array = raw.view(np.dtype(entry.dtype)).reshape(entry.shape)
+    return _torch_view(array) if as_torch else array
+
+
+def _torch_view(array: np.ndarray) -> Any:
+    if array.flags.writeable:
+        return _torch().from_numpy(array)
+    with warnings.catch_warnings():  # read-only by design: see unpack_arrays
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return _torch().from_numpy(array)
 
 
 def _dtype_key(tensor: Any, array: np.ndarray) -> str:

@@ -31,15 +31,19 @@ from rlinfra.services.weights.buckets import (
     BucketSpec,
     Manifest,
     bucket_arrays,
+    check_arrays,
     checksum,
     copy_and_hash,
     pack,
     plan_buckets,
     unpack,
+    unpack_arrays,
 )
 from rlinfra.services.weights.cuda_ipc import CudaInfo, IpcBucket
 
 DEFAULT_SERVE_TIMEOUT_S = 60.0
+# Shared weights' checks: node id -> bucket index -> (object id, checksum of the object's bytes).
+NodeChecks = Mapping[str, Mapping[int, tuple[str, int]]]
 
 
 class WeightsPausedError(TimeoutError):
@@ -62,7 +66,10 @@ class WeightsView:
 class _Buffers:
     version: int
     manifest: Manifest | None = None
-    buckets: list[Any] = field(default_factory=list)  # numpy uint8, or torch uint8 on a GPU
+    # numpy uint8 ("cpu"), torch uint8 on a GPU ("cuda"), or per bucket the list of uint8 arrays
+    # Ray mapped from this node's object store ("shared", with the references that keep them).
+    buckets: list[Any] = field(default_factory=list)
+    refs: list[Any] = field(default_factory=list)
     device: str = "cpu"
     checksums: dict[int, int] = field(default_factory=dict)
     tensors: Mapping[str, Any] = field(default_factory=dict)
@@ -133,7 +140,8 @@ class WeightReceiver:
     def _weights_begin(self, manifest: Manifest, device: str = "cpu") -> None:
         """Allocate (or reuse) shadow buffers for ``manifest``; generation keeps going.
 
-        ``device="cuda"`` (the CUDA IPC transport) puts them on this worker's current GPU.
+        ``device="cuda"`` (the CUDA IPC transport) puts them on this worker's current GPU;
+        ``device="shared"`` allocates nothing: the buckets will stay in the node's object store.
         """
         state = self._weights()
         with state.lock:
@@ -147,6 +155,9 @@ class WeightReceiver:
             and _same_layout(reusable.manifest, manifest)
         ):
             shadow.buckets = reusable.buckets  # double buffering: the last-but-one weights' memory
+        elif device == "shared":  # dropping ``reusable`` released the last-but-one version's objects
+            shadow.buckets = [None] * len(manifest.buckets)
+            shadow.refs = [None] * len(manifest.buckets)
         elif device == "cuda":
             import torch
 
@@ -157,7 +168,7 @@ class WeightReceiver:
         elif device == "cpu":
             shadow.buckets = [np.empty(bucket.nbytes, dtype=np.uint8) for bucket in manifest.buckets]
         else:
-            raise ValueError(f"shadow buffers go on 'cpu' or 'cuda', not {device!r}")
+            raise ValueError(f"shadow buffers go on 'cpu', 'cuda' or 'shared', not {device!r}")
         state.shadow = shadow
 
     def _weights_receive(self, version: int, index: int, payload: list[np.ndarray]) -> int:
@@ -166,17 +177,46 @@ class WeightReceiver:
         is the checksum of the whole shadow bucket)."""
         shadow = self._require_shadow(version)
         target = shadow.buckets[index]
-        entries = shadow.manifest.buckets[index].entries
-        if len(payload) != len(entries):
-            raise ValueError(f"bucket {index}: got {len(payload)} tensors, expected {len(entries)}")
+        spec = shadow.manifest.buckets[index]
+        check_arrays(payload, spec)
         digest = xxhash.xxh3_64()
-        for entry, array in zip(entries, payload, strict=True):
-            if array.nbytes != entry.nbytes:
-                raise ValueError(f"{entry.name}: got {array.nbytes} bytes, expected {entry.nbytes}")
+        for entry, array in zip(spec.entries, payload, strict=True):
             source = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             copy_and_hash(target[entry.offset : entry.offset + entry.nbytes], source, digest)
         shadow.checksums[index] = digest.intdigest()
         return shadow.checksums[index]
+
+    def _weights_map(
+        self, version: int, index: int, refs: list[Any], hashers: tuple[int, ...], timeout_s: float
+    ) -> tuple[str, int | None]:
+        """Keep bucket ``index`` where it is: the read-only arrays Ray maps from this node's
+        object store become the shadow (no copy; every worker on the node maps the same bytes).
+        The ranks in ``hashers`` (one per node) checksum it for their node.
+
+        Returns the object's id and the checksum (``None`` where this rank did not hash).
+        """
+        import ray
+
+        shadow = self._require_shadow(version)
+        if shadow.device != "shared":
+            raise RuntimeError(f"version {version} is staged on {shadow.device!r}, not in the object store")
+        (ref,) = refs
+        arrays = ray.get(ref, timeout=timeout_s)
+        check_arrays(arrays, shadow.manifest.buckets[index])
+        shadow.buckets[index], shadow.refs[index] = arrays, ref
+        if getattr(self, "_rank", 0) not in hashers:
+            return ref.hex(), None
+        digest = xxhash.xxh3_64()
+        for array in arrays:
+            digest.update(memoryview(array))
+        shadow.checksums[index] = digest.intdigest()
+        return ref.hex(), shadow.checksums[index]
+
+    def _weights_node_id(self) -> str:
+        """The Ray node this worker runs on: workers there share one copy of shared weights."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def _weights_receive_ipc(self, version: int, index: int, bucket: IpcBucket) -> int:
         """Map the sender's bucket (CUDA IPC, no copy), copy it into the GPU shadow, checksum what
@@ -227,8 +267,11 @@ class WeightReceiver:
         """Build the tensor views of the shadow now, so that the swap itself is O(1)."""
         shadow = self._require_shadow(version)
         tensors: dict[str, Any] = {}
+        view = unpack_arrays if shadow.device == "shared" else unpack
         for spec, buffer in zip(shadow.manifest.buckets, shadow.buckets, strict=True):
-            tensors.update(unpack(buffer, spec, as_torch=self.weights_as_torch))
+            if buffer is None:
+                raise RuntimeError(f"version {version}: bucket {spec.index} never arrived")
+            tensors.update(view(buffer, spec, as_torch=self.weights_as_torch))
         shadow.tensors = tensors
 
     def _weights_pause(self, owner: str, lease_s: float, drain_timeout_s: float) -> int:
@@ -259,25 +302,47 @@ class WeightReceiver:
             state.previous, state.current, state.shadow = state.current, shadow, None
             return state.previous.version
 
-    def _weights_verify(self, version: int, expected: Mapping[int, int]) -> dict[str, Any]:
-        """The version serving now and the checksum of every bucket as received."""
+    def _weights_verify(
+        self, version: int, expected: Mapping[int, int], node_checks: NodeChecks | None = None
+    ) -> dict[str, Any]:
+        """The version serving now and the checksum of every bucket as received.
+
+        Shared weights (``device="shared"``) were hashed once per node, each bucket by one of the
+        node's workers: ``node_checks`` maps node id → bucket → (object id, checksum), and this
+        worker checks that every bucket it serves is the very object hashed on its node.
+        """
         state = self._weights()
         with state.lock:
             current = state.current
+            foreign: list[int] = []
+            if current.device == "shared":
+                checked = (node_checks or {}).get(self._weights_node_id(), {})
+                for index in expected:
+                    object_id, digest = checked.get(index, (None, None))
+                    if digest is not None:
+                        current.checksums[index] = digest
+                    if current.refs[index] is None or current.refs[index].hex() != object_id:
+                        foreign.append(index)
             mismatched = sorted(i for i, value in expected.items() if current.checksums.get(i) != value)
-            if current.version != version or mismatched:
-                raise WeightsVerifyError(
-                    f"verify failed: serving version {current.version} (expected {version}); "
-                    f"checksum mismatch in bucket(s) {mismatched[:8]}"
-                )
+            problems = []
+            if current.version != version:
+                problems.append(f"serving version {current.version} (expected {version})")
+            if mismatched:
+                problems.append(f"checksum mismatch in bucket(s) {mismatched[:8]}")
+            if foreign:
+                problems.append(f"bucket(s) {foreign[:8]} are not the objects checked on this node")
+            if problems:
+                raise WeightsVerifyError("verify failed: " + "; ".join(problems))
             return {"version": current.version, "buckets": len(current.checksums)}
 
-    def _weights_swap_verify(self, owner: str, version: int, expected: Mapping[int, int]) -> dict[str, Any]:
+    def _weights_swap_verify(
+        self, owner: str, version: int, expected: Mapping[int, int], node_checks: NodeChecks | None = None
+    ) -> dict[str, Any]:
         """Swap, then verify, in one call: one round trip less while generation is paused. The
         semantics are those of the two steps in turn (every worker swaps and checks its own bytes;
         any failure anywhere rolls every worker back)."""
         self._weights_swap(owner, version)
-        return self._weights_verify(version, expected)
+        return self._weights_verify(version, expected, node_checks)
 
     def _weights_rollback(self, owner: str, version: int) -> int:
         """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
@@ -342,9 +407,10 @@ class WeightSender:
         self._weights_ipc_live().release_all()
         return Manifest(version, self._rlinfra_sending[2])
 
-    def _weights_put(self, version: int, index: int) -> tuple[int, list[Any]]:
+    def _weights_put(self, version: int, index: int, bounded: bool = True) -> tuple[int, list[Any]]:
         """Put bucket ``index``'s tensors into the object store as they are (one copy, no packing);
-        returns the checksum of their bytes and ``[ref]``.
+        returns the checksum of their bytes and ``[ref]``. ``bounded=False`` (shared weights,
+        which stay in the store as the receivers' shadow) skips the wait described below.
 
         The driver asks for bucket i only once every receiver has copied bucket i - 2 and it has
         dropped its reference, but Ray tells the owner (this process) so asynchronously: without
@@ -357,6 +423,8 @@ class WeightSender:
 
         state, spec = self._sending(version, index)
         arrays, digest = bucket_arrays(state, spec)
+        if not bounded:
+            return digest, [ray.put(arrays)]
         puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
         puts.wait_released(through=index - 2, timeout_s=self.weights_release_wait_s)
         ref = ray.put(arrays)
