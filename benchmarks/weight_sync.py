@@ -5,7 +5,10 @@ Figures per (layout, transport), median of ``--repeat`` updates:
 
 * ``bandwidth_ratio``: the update's effective bandwidth (bytes / prepare time) over a raw baseline
   measured in the same run — the driver ``ray.put``s the same bytes in the same bucket size and
-  four plain actors ``ray.get`` each bucket and copy it into a buffer of their own. Goal >= 0.8.
+  four plain actors ``ray.get`` each bucket and end up holding it as the transport's receivers do:
+  copied into a buffer of their own (``object_store``, ``broadcast``, ``cuda_ipc``), or kept as
+  Ray's zero-copy view, every bucket handed out as soon as it is put (``object_store_shared``).
+  Goal >= 0.8.
 * ``pause_fraction``: pause → resume window over the whole update. Goal <= 5 %.
 * ``cpu_ceiling``: the best ``bandwidth_ratio`` this machine allows when every process shares too
   few cores (as on a 2-core machine), from per-byte costs timed in the same run: raw moves the
@@ -76,22 +79,40 @@ class Rollout(WeightReceiver, Worker):
 class RawReceiver:
     def __init__(self) -> None:
         self.buffers: dict[int, np.ndarray] = {}
+        self.held: dict[int, np.ndarray] = {}
 
     def receive(self, index: int, payload: np.ndarray) -> int:
         target = self.buffers.setdefault(index, np.empty(payload.nbytes, dtype=np.uint8))
         np.copyto(target, payload)
         return payload.nbytes
 
+    def hold(self, index: int, payload: np.ndarray) -> int:
+        self.held[index] = payload  # Ray's read-only view of the object store: nothing copied
+        return payload.nbytes
 
-def raw_baseline(state: dict[str, np.ndarray], receivers: list) -> float:
-    """Seconds to move the same bytes, bucket by bucket, with plain put + get + copy."""
+    def drop(self) -> None:
+        self.held = {}
+
+
+def raw_baseline(state: dict[str, np.ndarray], receivers: list, zero_copy: bool = False) -> float:
+    """Seconds to move the same bytes, bucket by bucket, with plain put + get, then a copy into
+    each receiver's buffer; or, ``zero_copy``, keeping what ``get`` returns, with every bucket
+    handed out as soon as it is put and the answers awaited at the end."""
     flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in state.values()])
     start = time.perf_counter()
+    pending = []
     for index, offset in enumerate(range(0, flat.nbytes, BUCKET_BYTES)):
         ref = ray.put(flat[offset : offset + BUCKET_BYTES])
-        ray.get([r.receive.remote(index, ref) for r in receivers], timeout=120)
+        if zero_copy:
+            pending += [r.hold.remote(index, ref) for r in receivers]
+        else:
+            ray.get([r.receive.remote(index, ref) for r in receivers], timeout=120)
         del ref
-    return time.perf_counter() - start
+    ray.get(pending, timeout=120)
+    elapsed = time.perf_counter() - start
+    if zero_copy:
+        ray.get([r.drop.remote() for r in receivers], timeout=120)
+    return elapsed
 
 
 def per_bucket_costs() -> dict[str, float]:
@@ -129,6 +150,9 @@ def measure(
             "num_nodes": len(simulate.split(",")),
             "simulate": simulate,
             "component_placement": {"trainer": "0", "rollout": rollout_placement},
+            # object_store_shared keeps two versions in each node's store, and the raw rounds
+            # hold one more while they run.
+            "simulate_object_store_mib": 1024,
         }
     }
     rows = []
@@ -167,15 +191,16 @@ def measure(
                 cross_group="weights",
                 initial_version=version,
             )
+            zero_copy = transport == "object_store_shared"
             for _ in range(warmup):
                 version += 1
                 sync.update(version)
-                raw_baseline(state, raw)
+                raw_baseline(state, raw, zero_copy)
             updates, raws = [], []
             for _ in range(repeat):
                 version += 1
                 updates.append(sync.update(version))
-                raws.append(raw_baseline(state, raw))
+                raws.append(raw_baseline(state, raw, zero_copy))
             prepare = statistics.median(u.prepare_s for u in updates)
             total = statistics.median(u.total_s for u in updates)
             pause = statistics.median(u.pause_s for u in updates)
@@ -226,7 +251,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--layouts", default="one node,two nodes")
-    default_transports = "object_store,broadcast" + (",cuda_ipc" if _cuda() else "")
+    default_transports = "object_store,object_store_shared,broadcast" + (",cuda_ipc" if _cuda() else "")
     parser.add_argument("--transports", default=default_transports)
     args = parser.parse_args()
     transports = args.transports.split(",")

@@ -66,6 +66,17 @@ class Trainer(WeightSender, Worker):
     def train_to(self, version: int) -> None:
         self.state = make_state(version)
 
+    def objects_alive(self, object_ids: list[str], timeout_s: float = 5.0, want: bool = True) -> bool:
+        """Whether Ray (this process owns what it put) keeps these objects alive: polls, up to
+        ``timeout_s``, for the answer ``want`` — borrowers' releases reach the owner asynchronously."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            table = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
+            alive = all(object_id.encode() in table for object_id in object_ids)
+            if alive == want or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.01)
+
 
 class CorruptingTrainer(Trainer):
     """Flips a byte of bucket 1 after checksumming it, as a faulty link would."""
@@ -380,12 +391,18 @@ def test_shared_weights_are_the_object_store_bytes_one_object_per_bucket_for_eve
     assert all(m["in_store"] and not m["writeable"] for m in mappings)
     assert len({tuple(m["object_ids"]) for m in mappings}) == 1
     assert len(mappings[0]["object_ids"]) == report.buckets >= 3
-    # The next version replaces them; the last-but-one version's objects are released at prepare.
-    trainer.train_to(2).wait()
-    sync.update(2)
-    expect_serving(rollout, 2)
-    now = rollout.shared_mapping().wait(timeout=10)[0]["object_ids"]
-    assert not set(now) & set(mappings[0]["object_ids"])
+    # Later versions bring new objects (from the third on, the last-but-one version's are
+    # released at prepare instead of being reused as memory, as private buffers are).
+    held = [mappings[0]["object_ids"]]
+    for version in (2, 3):
+        trainer.train_to(version).wait()
+        sync.update(version)
+        expect_serving(rollout, version)
+        held.append(rollout.shared_mapping().wait(timeout=10)[0]["object_ids"])
+        assert len(held[-1]) == report.buckets and not set(held[-1]) & set(held[-2])
+    # Two versions are alive (serving, and the one before it for rollback); version 1 is freed.
+    assert trainer.objects_alive(held[1] + held[2]).wait()[0]
+    assert not trainer.objects_alive(held[0], want=False).wait()[0]
 
 
 def test_shared_weights_outlive_the_trainer_that_put_them(job):

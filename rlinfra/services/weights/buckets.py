@@ -134,11 +134,22 @@ def plan_buckets(
 def bucket_arrays(state: Mapping[str, Any], spec: BucketSpec) -> tuple[list[np.ndarray], int]:
     """The bucket's tensors as contiguous byte arrays (views, no copy where possible) and the
     checksum of their concatenation — equal to ``pack``'s, without packing."""
-    arrays = [np.ascontiguousarray(as_numpy(state[e.name])).reshape(-1).view(np.uint8) for e in spec.entries]
+    arrays = bucket_views(state, spec)
+    return arrays, arrays_checksum(arrays)
+
+
+def bucket_views(state: Mapping[str, Any], spec: BucketSpec) -> list[np.ndarray]:
+    """The bucket's tensors as contiguous 1-D uint8 arrays (views, no copy where possible)."""
+    return [np.ascontiguousarray(as_numpy(state[e.name])).reshape(-1).view(np.uint8) for e in spec.entries]
+
+
+def arrays_checksum(arrays: list[np.ndarray]) -> int:
+    """The checksum of the arrays' bytes one after the other (a bucket's, without packing it).
+    xxhash releases the GIL while it hashes, so this can run in a thread beside a copy."""
     digest = xxhash.xxh3_64()
     for array in arrays:
         digest.update(memoryview(array))
-    return arrays, digest.intdigest()
+    return digest.intdigest()
 
 
 def copy_and_hash(target: np.ndarray, source: np.ndarray, digest: Any, chunk: int = COPY_CHUNK_BYTES) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,8 @@ from rlinfra.services.weights import cuda_ipc
 from rlinfra.services.weights.buckets import (
     BucketSpec,
     Manifest,
-    bucket_arrays,
+    arrays_checksum,
+    bucket_views,
     check_arrays,
     checksum,
     copy_and_hash,
@@ -151,7 +153,7 @@ class WeightReceiver:
         if (
             reusable is not None
             and reusable.manifest is not None
-            and reusable.device == device
+            and reusable.device == device != "shared"
             and _same_layout(reusable.manifest, manifest)
         ):
             shadow.buckets = reusable.buckets  # double buffering: the last-but-one weights' memory
@@ -422,15 +424,23 @@ class WeightSender:
         import ray
 
         state, spec = self._sending(version, index)
-        arrays, digest = bucket_arrays(state, spec)
-        if not bounded:
-            return digest, [ray.put(arrays)]
-        puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
-        puts.wait_released(through=index - 2, timeout_s=self.weights_release_wait_s)
+        arrays = bucket_views(state, spec)
+        # Hash in a thread while Ray copies the same bytes into the store (both release the GIL).
+        digest = self._weights_hasher().submit(arrays_checksum, arrays)
+        if bounded:
+            puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
+            puts.wait_released(through=index - 2, timeout_s=self.weights_release_wait_s)
         ref = ray.put(arrays)
-        puts.track(index, ref)
-        self._rlinfra_puts = puts
-        return digest, [ref]
+        if bounded:
+            puts.track(index, ref)
+            self._rlinfra_puts = puts
+        return digest.result(), [ref]
+
+    def _weights_hasher(self) -> ThreadPoolExecutor:
+        pool = getattr(self, "_rlinfra_hasher", None)
+        if pool is None:
+            pool = self._rlinfra_hasher = ThreadPoolExecutor(1, thread_name_prefix="rlinfra-weights-hash")
+        return pool
 
     def _weights_ipc_share(self, version: int, index: int, acked: int) -> tuple[int, IpcBucket]:
         """Pack bucket ``index`` on this GPU and share it by CUDA IPC; every receiver has copied
