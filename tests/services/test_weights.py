@@ -125,6 +125,13 @@ class Rollout(WeightReceiver, Worker):
             refs = [ray.put(arrays)]
         return super()._weights_map(version, index, refs, hashers, timeout_s)
 
+    def scribble(self) -> None:
+        """What a careless user might do: write into a torch view of the serving weights."""
+        import torch
+
+        with self.serving(timeout_s=5) as weights:
+            torch.from_numpy(weights.tensors["embed"])[0, 0] = -1.0
+
     def shared_mapping(self) -> dict:
         """How the serving weights are held: writable or not, object ids, and whether every
         tensor's bytes lie inside a mapping of Ray's object store in this process."""
@@ -191,6 +198,7 @@ def test_generation_continues_during_prepare_and_no_sample_mixes_versions(job, t
     assert {s[0] for s in samples} <= {0, 1}
     assert report.pause_s < report.total_s
     expect_serving(rollout, 1)
+    assert rollout.weights_changed().wait(timeout=10) == [[]] * 4  # what verify accepted, still
 
 
 def test_versions_must_increase_and_staleness_is_bounded(job):
@@ -403,6 +411,20 @@ def test_shared_weights_are_the_object_store_bytes_one_object_per_bucket_for_eve
     # Two versions are alive (serving, and the one before it for rollback); version 1 is freed.
     assert trainer.objects_alive(held[1] + held[2]).wait()[0]
     assert not trainer.objects_alive(held[0], want=False).wait()[0]
+
+
+def test_shared_weights_one_copy_per_node_a_write_shows_on_the_node_and_is_detected(job):
+    trainer, rollout = job()
+    sync = WeightSync(trainer, rollout, transport="object_store_shared", bucket_bytes=BUCKET_BYTES)
+    trainer.train_to(1).wait()
+    sync.update(1)
+    assert rollout.weights_changed().wait(timeout=10) == [[]] * 4
+    rollout.execute_on([0]).scribble().wait(timeout=10)
+    # Rank 0 wrote into its view: rank 1 (same node) serves the same bytes, so sees it too;
+    # node 1 pulled its own copy when the update arrived and is untouched. Bucket 0 holds "embed".
+    assert rollout.weights_changed().wait(timeout=10) == [[0], [0], [], []]
+    first = rollout.current().wait(timeout=10)
+    assert first[0][1] == first[1][1] != fingerprint(make_state(1)) == first[2][1] == first[3][1]
 
 
 def test_shared_weights_outlive_the_trainer_that_put_them(job):

@@ -138,6 +138,31 @@ class WeightReceiver:
                 state.in_flight -= 1
                 state.lock.notify_all()
 
+    def weights_changed(self) -> list[int]:
+        """Buckets of the serving version whose bytes no longer hash to what verify accepted.
+
+        Nothing in rlinfra writes to serving weights, but torch views are writable, and shared
+        weights (``object_store_shared``) are one copy per node: a worker writing into them
+        changes them for every worker on its node. This rehashes every bucket (one pass over the
+        weights) to find out. Initial weights, never verified, report nothing.
+        """
+        state = self._weights()
+        with state.lock:
+            current = state.current
+        changed = []
+        for index, bucket in enumerate(current.buckets):
+            if index not in current.checksums:
+                continue
+            if current.device == "shared":
+                digest = arrays_checksum(bucket)
+            elif current.device == "cuda":
+                digest = self._weights_staging().checksum(bucket)
+            else:
+                digest = checksum(bucket)
+            if digest != current.checksums[index]:
+                changed.append(index)
+        return changed
+
     # -------------------------------------------------------------------------- update side
     def _weights_begin(self, manifest: Manifest, device: str = "cpu") -> None:
         """Allocate (or reuse) shadow buffers for ``manifest``; generation keeps going.
