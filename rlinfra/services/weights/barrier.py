@@ -23,7 +23,9 @@ Transports (``TRANSPORTS``):
   copy of each version whatever the number of workers on it, nothing is copied on a receiver, and
   each bucket is hashed once per node (by one of its workers, in turn); at verify every worker
   checks that it serves exactly the objects hashed on its node. The store holds two versions
-  (serving and staged); a node whose object store is smaller than that is refused at prepare.
+  while an update runs (serving and staged) and one between updates (the previous version is
+  released once the new one is committed); a node whose object store cannot hold two is refused
+  at prepare.
   Weights are read-only (numpy enforces it; torch views of them must not be written to).
 * ``"broadcast"``: a torch.distributed cross-component group from ``rlinfra.rendezvous`` (gloo
   here, nccl on GPUs).
@@ -223,6 +225,11 @@ class WeightSync:
             raise self._error(step, version, error) from error
         pause_s = time.perf_counter() - paused_at
         self.version = version
+        if self.transport == "object_store_shared":
+            # Nothing waits for this (generation is already back): the store frees the version
+            # before, which no rollback needs any more, while the next one is being trained.
+            for rank in self.alive:
+                self.receivers.actors[rank]._weights_release_previous.remote(version)
         return UpdateReport(
             version,
             prepared.manifest.nbytes,
@@ -288,9 +295,10 @@ class WeightSync:
         return checksums, node_checks
 
     def _check_store_room(self, nbytes: int) -> None:
-        """Shared weights keep two versions in the object store of every node involved (the
-        serving one, kept for rollback until the next prepare, and the staged one); refuse before
-        anything is sent where a store is smaller, instead of filling it and stalling every put."""
+        """Shared weights keep two versions in the object store of every node involved while an
+        update runs (the serving one, kept for rollback until the commit, and the staged one);
+        refuse before anything is sent where a store is smaller, instead of filling it and
+        stalling every put."""
         ranks = {self._node_id(self.sender, self.sender_rank): f"{self.sender.name} rank {self.sender_rank}"}
         for rank in self.alive:
             ranks.setdefault(self._node_id(self.receivers, rank), f"{self.receivers.name} rank {rank}")

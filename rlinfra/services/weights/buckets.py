@@ -144,8 +144,7 @@ def bucket_views(state: Mapping[str, Any], spec: BucketSpec) -> list[np.ndarray]
 
 
 def arrays_checksum(arrays: list[np.ndarray]) -> int:
-    """The checksum of the arrays' bytes one after the other (a bucket's, without packing it).
-    xxhash releases the GIL while it hashes, so this can run in a thread beside a copy."""
+    """The checksum of the arrays' bytes one after the other (a bucket's, without packing it)."""
     digest = xxhash.xxh3_64()
     for array in arrays:
         digest.update(memoryview(array))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,9 +240,12 @@ class WeightReceiver:
 
     def _weights_node_id(self) -> str:
         """The Ray node this worker runs on: workers there share one copy of shared weights."""
-        import ray
+        node_id = getattr(self, "_rlinfra_node_id", None)
+        if node_id is None:
+            import ray
 
-        return ray.get_runtime_context().get_node_id()
+            node_id = self._rlinfra_node_id = ray.get_runtime_context().get_node_id()
+        return node_id
 
     def _weights_receive_ipc(self, version: int, index: int, bucket: IpcBucket) -> int:
         """Map the sender's bucket (CUDA IPC, no copy), copy it into the GPU shadow, checksum what
@@ -389,6 +391,19 @@ class WeightReceiver:
                 state.lock.notify_all()
             return state.current.version
 
+    def _weights_release_previous(self, version: int) -> bool:
+        """Version ``version`` is committed everywhere: the one before it can no longer be rolled
+        back to. Shared weights drop it now, so between updates a node's store holds one version
+        (private buffers keep it as the next shadow's memory). True if something was released."""
+        state = self._weights()
+        with state.lock:
+            previous = state.previous
+            if previous is None or previous.device != "shared" or state.current.version != version:
+                return False
+            state.previous = None
+        del previous  # outside the lock: dropping the references talks to Ray
+        return True
+
     def _weights_stats(self) -> dict[str, Any]:
         state = self._weights()
         with state.lock:
@@ -450,22 +465,17 @@ class WeightSender:
 
         state, spec = self._sending(version, index)
         arrays = bucket_views(state, spec)
-        # Hash in a thread while Ray copies the same bytes into the store (both release the GIL).
-        digest = self._weights_hasher().submit(arrays_checksum, arrays)
-        if bounded:
-            puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
-            puts.wait_released(through=index - 2, timeout_s=self.weights_release_wait_s)
+        # Hashing in a thread beside Ray's copy gained nothing measurable on 2 cores (Ray's put
+        # already copies with several threads), so the two run one after the other.
+        digest = arrays_checksum(arrays)
+        if not bounded:
+            return digest, [ray.put(arrays)]
+        puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
+        puts.wait_released(through=index - 2, timeout_s=self.weights_release_wait_s)
         ref = ray.put(arrays)
-        if bounded:
-            puts.track(index, ref)
-            self._rlinfra_puts = puts
-        return digest.result(), [ref]
-
-    def _weights_hasher(self) -> ThreadPoolExecutor:
-        pool = getattr(self, "_rlinfra_hasher", None)
-        if pool is None:
-            pool = self._rlinfra_hasher = ThreadPoolExecutor(1, thread_name_prefix="rlinfra-weights-hash")
-        return pool
+        puts.track(index, ref)
+        self._rlinfra_puts = puts
+        return digest, [ref]
 
     def _weights_ipc_share(self, version: int, index: int, acked: int) -> tuple[int, IpcBucket]:
         """Pack bucket ``index`` on this GPU and share it by CUDA IPC; every receiver has copied
