@@ -197,6 +197,7 @@ def test_generation_continues_during_prepare_and_no_sample_mixes_versions(job, t
         assert first == last == fingerprint(make_state(version))  # one version per sample
     assert {s[0] for s in samples} <= {0, 1}
     assert report.pause_s < report.total_s
+    assert 0 < report.held_s < report.pause_s  # the workers' own clocks: inside the driver's window
     expect_serving(rollout, 1)
     assert rollout.weights_changed().wait(timeout=10) == [[]] * 4  # what verify accepted, still
 

@@ -88,8 +88,10 @@ class WeightSyncError(RuntimeError):
 
 @dataclass
 class UpdateReport:
-    """What one update cost. ``pause_s`` is the window from pause to resume, the only time
-    generation is held; ``prepare_s`` overlaps with generation."""
+    """What one update cost. ``pause_s`` is the window from pause to resume as the driver sees
+    it (pause sent → every resume answered), which bounds the time generation is held;
+    ``held_s`` is that time itself: the longest any worker's gate stayed closed, by the worker's
+    own clock (one round trip shorter). ``prepare_s`` overlaps with generation."""
 
     version: int
     nbytes: int
@@ -98,6 +100,7 @@ class UpdateReport:
     pause_s: float
     total_s: float
     drained: list[int] = field(default_factory=list)
+    held_s: float = 0.0
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -220,7 +223,7 @@ class WeightSync:
             raise self._error(step, version, error) from error
         step = "resume"
         try:
-            self._receivers_call("_weights_resume", owner)
+            resumed = self._receivers_call("_weights_resume", owner)
         except BaseException as error:
             raise self._error(step, version, error) from error
         pause_s = time.perf_counter() - paused_at
@@ -238,6 +241,7 @@ class WeightSync:
             pause_s,
             prepared.prepare_s + pause_s,
             drained,
+            max((held for _, held in resumed), default=0.0),
         )
 
     # ----------------------------------------------------------------------------- transports

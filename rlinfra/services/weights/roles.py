@@ -84,6 +84,7 @@ class _ReceiverState:
         self.previous: _Buffers | None = None
         self.paused_by: str | None = None
         self.pause_until = 0.0
+        self.closed_at = 0.0  # when the gate last closed (time.monotonic)
         self.in_flight = 0
         self.served: dict[int, int] = {}  # version -> generation calls served with it
 
@@ -310,7 +311,8 @@ class WeightReceiver:
         with state.lock:
             if state.paused_by is not None and time.monotonic() < state.pause_until:
                 raise RuntimeError(f"already paused by {state.paused_by}")
-            state.paused_by, state.pause_until = owner, time.monotonic() + lease_s
+            state.closed_at = time.monotonic()
+            state.paused_by, state.pause_until = owner, state.closed_at + lease_s
             while state.in_flight:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -382,14 +384,17 @@ class WeightReceiver:
                 state.current, state.previous = state.previous, state.current
             return state.current.version
 
-    def _weights_resume(self, owner: str) -> int:
-        """Reopen the gate (only its owner may). Returns the version now serving."""
+    def _weights_resume(self, owner: str) -> tuple[int, float]:
+        """Reopen the gate (only its owner may). Returns the version now serving and how long, by
+        this worker's clock, the gate was closed (0 if it was not closed by ``owner``)."""
         state = self._weights()
         with state.lock:
+            held = 0.0
             if state.paused_by == owner:
                 state.paused_by = None
+                held = time.monotonic() - state.closed_at
                 state.lock.notify_all()
-            return state.current.version
+            return state.current.version, held
 
     def _weights_release_previous(self, version: int) -> bool:
         """Version ``version`` is committed everywhere: the one before it can no longer be rolled
