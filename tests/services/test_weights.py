@@ -508,3 +508,31 @@ def test_copy_and_hash_equals_copy_then_checksum():
         digest = xxhash.xxh3_64()
         copy_and_hash(target, source, digest, chunk=chunk)
         assert np.array_equal(target, source) and digest.intdigest() == checksum(source)
+
+
+def test_shared_buckets_are_viewed_in_place_read_only_arrays_included():
+    """What a receiver of shared weights builds from the arrays Ray maps: typed views, no copy,
+    for every dtype (bfloat16 too), and numpy keeps them read-only."""
+    import torch
+
+    from rlinfra.services.weights.buckets import bucket_views, plan_buckets, unpack_arrays
+
+    state = {
+        "embed": torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32),
+        "norm": torch.linspace(-2, 2, 40).to(torch.bfloat16),
+        "mask": torch.arange(10) % 3 == 0,
+        "steps": torch.tensor(7, dtype=torch.int64),
+    }
+    for spec in plan_buckets(state, bucket_bytes=4096):
+        mapped = [array.copy() for array in bucket_views(state, spec)]  # as if from the store
+        for array in mapped:
+            array.flags.writeable = False
+        as_torch = unpack_arrays(mapped, spec, as_torch=True)
+        as_numpy = unpack_arrays(mapped, spec)
+        for (name, view), array in zip(as_torch.items(), mapped, strict=True):
+            assert view.dtype == state[name].dtype and view.shape == state[name].shape
+            assert torch.equal(view, state[name])
+            assert view.data_ptr() == array.ctypes.data  # a view of the mapped bytes, not a copy
+            assert not as_numpy[name].flags.writeable
+        with pytest.raises(ValueError, match="expected"):
+            unpack_arrays(mapped[:-1] if len(mapped) > 1 else [mapped[0][:-1]], spec)
