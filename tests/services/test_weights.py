@@ -125,6 +125,15 @@ class Rollout(WeightReceiver, Worker):
             refs = [ray.put(arrays)]
         return super()._weights_map(version, index, refs, hashers, timeout_s)
 
+    def hold_serving(self, seconds: float) -> int:
+        """A forward pass that takes ``seconds`` (longer than a commit's drain deadline)."""
+        with self.serving(timeout_s=5) as weights:
+            time.sleep(seconds)
+            return weights.version
+
+    def in_flight(self) -> int:
+        return self._weights().in_flight
+
     def scribble(self) -> None:
         """What a careless user might do: write into a torch view of the serving weights."""
         import torch
@@ -264,6 +273,24 @@ def test_trainer_error_after_pause_rolls_back_and_resumes(job, transport):
     report = sync.update(2) if trainer.train_to(2).wait() else None
     assert report.version == 2
     expect_serving(rollout, 2)
+
+
+def test_generation_that_does_not_drain_fails_the_pause_and_everyone_stays_on_the_old_version(job):
+    trainer, rollout = job()
+    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES, drain_timeout_s=0.5)
+    trainer.train_to(1).wait()
+    prepared = sync.prepare(1)
+    slow = rollout.execute_on([3]).hold_serving(3.0)
+    deadline = time.monotonic() + 10
+    while rollout.execute_on([3]).in_flight().wait(timeout=10) != [1]:  # the call has started
+        assert time.monotonic() < deadline
+    with pytest.raises(WeightSyncError) as caught:
+        sync.commit(prepared)  # pause, swap and verify in one call: ranks 0-2 swapped, then back
+    assert caught.value.step == "pause" and caught.value.failed_ranks == [3]
+    assert "still running after 0.5 s" in str(caught.value)
+    assert sync.version == 0
+    expect_serving(rollout, 0)
+    assert slow.wait(timeout=10) == [0]  # the slow pass finished on the version it started with
 
 
 def test_a_paused_gate_reopens_when_its_lease_runs_out(job):

@@ -6,6 +6,8 @@ from rlinfra.services.weights.roles import (
     WeightReceiver,
     WeightSender,
     WeightsPausedError,
+    WeightsPauseError,
+    WeightsSwapError,
     WeightsVerifyError,
     WeightsView,
 )
@@ -20,7 +22,9 @@ __all__ = [
     "WeightSender",
     "WeightSync",
     "WeightSyncError",
+    "WeightsPauseError",
     "WeightsPausedError",
+    "WeightsSwapError",
     "WeightsVerifyError",
     "WeightsView",
     "filter_stale",

@@ -9,8 +9,10 @@
 A failure anywhere rolls every surviving worker back to the previous version (nothing ever
 serves a mix of versions), leaves the version number unchanged, and raises ``WeightSyncError``
 naming the step and the workers. slime pauses generation for the whole transfer and its lock has
-no timeout; here only the O(1) swap and a checksum comparison happen while paused (the two in one
-call per worker, so the pause costs three round trips: pause, swap + verify, resume).
+no timeout; here only the O(1) swap and a checksum comparison happen while paused. Pause, swap
+and verify go to each worker in one call (its gate stays closed until resume, which is sent once
+every worker has verified), so generation is held for two round trips; with a ``while_paused``
+step they are separate calls (three).
 
 Transports (``TRANSPORTS``):
 
@@ -51,7 +53,12 @@ from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.services.weights import cuda_ipc
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
-from rlinfra.services.weights.roles import NodeChecks, WeightsVerifyError
+from rlinfra.services.weights.roles import (
+    NodeChecks,
+    WeightsPauseError,
+    WeightsSwapError,
+    WeightsVerifyError,
+)
 
 TRANSPORTS = ("object_store", "object_store_shared", "broadcast", "cuda_ipc")
 # Where each transport stages a version on a receiver (``WeightReceiver._weights_begin``).
@@ -65,10 +72,20 @@ SHADOW_DEVICE = {
 _GONE = ("the worker process died", "the worker became unreachable", "its node")
 
 
-def _failed_verify(error: BaseException) -> bool:
-    """Whether a fused swap-and-verify failed in its verify half on some worker."""
+def _failed_step(step: str, error: BaseException) -> str:
+    """Which step a call that did several (pause + swap + verify, or swap + verify) failed in:
+    the furthest one any worker raised in; ``step`` (the call's first) when no worker said."""
     failures = error.failures.values() if isinstance(error, WorkerGroupError) else []
-    return any(failure.reason.startswith(WeightsVerifyError.__name__) for failure in failures)
+    reached = [
+        name
+        for name, kind in (
+            ("verify", WeightsVerifyError),
+            ("swap", WeightsSwapError),
+            ("pause", WeightsPauseError),
+        )
+        if any(failure.reason.startswith(kind.__name__) for failure in failures)
+    ]
+    return reached[0] if reached else step
 
 
 class WeightSyncError(RuntimeError):
@@ -207,18 +224,21 @@ class WeightSync:
         step = "pause"
         paused_at = time.perf_counter()
         drained: list[int] = []
+        checks = (version, prepared.checksums, prepared.node_checks)
         try:
-            drained = self._receivers_call("_weights_pause", owner, self.lease_s, self.drain_timeout_s)
-            if while_paused is not None:
+            if while_paused is None:
+                drained = self._receivers_call(
+                    "_weights_pause_swap_verify", owner, self.lease_s, self.drain_timeout_s, *checks
+                )
+            else:
+                drained = self._receivers_call("_weights_pause", owner, self.lease_s, self.drain_timeout_s)
                 step = "while paused"
                 while_paused()
-            step = "swap"
-            self._receivers_call(
-                "_weights_swap_verify", owner, version, prepared.checksums, prepared.node_checks
-            )
+                step = "swap"
+                self._receivers_call("_weights_swap_verify", owner, *checks)
         except BaseException as error:
-            if step == "swap" and _failed_verify(error):
-                step = "verify"
+            if step != "while paused":
+                step = _failed_step(step, error)
             self._recover(version, resume_owner=owner)
             raise self._error(step, version, error) from error
         step = "resume"

@@ -51,6 +51,14 @@ class WeightsPausedError(TimeoutError):
     """Generation waited longer than its deadline for a paused update to finish."""
 
 
+class WeightsPauseError(RuntimeError):
+    """The gate could not be closed: another update holds it, or generation did not drain in time."""
+
+
+class WeightsSwapError(RuntimeError):
+    """The staged version cannot be made current (not fully staged, or the gate is not ours)."""
+
+
 class WeightsVerifyError(ValueError):
     """The weights a worker serves are not the version, or not the bytes, the trainer sent."""
 
@@ -310,13 +318,13 @@ class WeightReceiver:
         deadline = time.monotonic() + drain_timeout_s
         with state.lock:
             if state.paused_by is not None and time.monotonic() < state.pause_until:
-                raise RuntimeError(f"already paused by {state.paused_by}")
+                raise WeightsPauseError(f"already paused by {state.paused_by}")
             state.closed_at = time.monotonic()
             state.paused_by, state.pause_until = owner, state.closed_at + lease_s
             while state.in_flight:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
+                    raise WeightsPauseError(
                         f"{state.in_flight} generation call(s) still running after {drain_timeout_s:g} s"
                     )
                 state.lock.wait(remaining)
@@ -327,9 +335,9 @@ class WeightReceiver:
         state = self._weights()
         with state.lock:
             self._check_owner(state, owner)
-            shadow = self._require_shadow(version)
-            if not shadow.tensors:
-                raise RuntimeError(f"version {version} is not fully staged")
+            shadow = self._weights().shadow
+            if shadow is None or shadow.version != version or not shadow.tensors:
+                raise WeightsSwapError(f"version {version} is not fully staged here")
             state.previous, state.current, state.shadow = state.current, shadow, None
             return state.previous.version
 
@@ -374,6 +382,23 @@ class WeightReceiver:
         any failure anywhere rolls every worker back)."""
         self._weights_swap(owner, version)
         return self._weights_verify(version, expected, node_checks)
+
+    def _weights_pause_swap_verify(
+        self,
+        owner: str,
+        lease_s: float,
+        drain_timeout_s: float,
+        version: int,
+        expected: Mapping[int, int],
+        node_checks: NodeChecks | None = None,
+    ) -> int:
+        """Pause, swap and verify in one call — two round trips while generation is held instead
+        of three. The gate stays closed after the swap until resume, which the driver sends only
+        once every worker has verified, so no worker serves the new version while another still
+        serves the old one, exactly as with a separate pause. Returns what pause returns."""
+        drained = self._weights_pause(owner, lease_s, drain_timeout_s)
+        self._weights_swap_verify(owner, version, expected, node_checks)
+        return drained
 
     def _weights_rollback(self, owner: str, version: int) -> int:
         """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
@@ -423,7 +448,7 @@ class WeightReceiver:
     @staticmethod
     def _check_owner(state: _ReceiverState, owner: str) -> None:
         if state.paused_by != owner:
-            raise RuntimeError(f"the update gate is held by {state.paused_by!r}, not {owner!r}")
+            raise WeightsSwapError(f"the update gate is held by {state.paused_by!r}, not {owner!r}")
 
 
 def _same_layout(first: Manifest, second: Manifest) -> bool:
