@@ -134,7 +134,7 @@ def test_a_bad_env_id_is_named_before_ray_starts(override: str, message: str) ->
     ("override", "message"),
     [
         ("+run.checkpoint_every=0", "run.checkpoint_every: got 0; expected at least 1"),
-        ("+run.transport=carrier_pigeon", "run.transport: got 'carrier_pigeon'"),
+        ("run.transport=carrier_pigeon", "run.transport: got 'carrier_pigeon'"),
         ("algo.max_staleness=-1", "algo.max_staleness: got -1"),
         ("algo.iterations=1.5", "algo.iterations: expected int, got 1.5"),
     ],
