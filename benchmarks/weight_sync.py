@@ -20,8 +20,11 @@ Figures per (layout, transport), median of ``--repeat`` updates:
   ``(put + R copy) / (put + hash + R copy-and-hash)``. ``ratio_of_ceiling`` says how close the
   transport comes to it. One node only: across nodes both sides also pay the pull between object
   stores, which the formula leaves out.
-* ``checksum_fraction``: time to xxh3 the state twice (sender, then each receiver in parallel)
-  on this machine, over the whole update. Goal <= 10 %.
+* ``checksum_overhead``: what the checksums cost, measured: each repeat also runs an update with
+  ``WeightSync(checksums=False)`` (versions verified, no byte hashed), and the overhead is
+  ``1 - without / with`` of the median update times. Goal <= 10 %. ``checksum_fraction`` is the
+  estimate it replaces: the time to xxh3 the state twice (sender, then receivers in parallel)
+  over the whole update.
 
 Steady state is measured: ``--warmup`` updates (and raw rounds) run first and are not counted,
 because the first two updates allocate the receivers' shadow buffers (page faults on every byte)
@@ -199,11 +202,16 @@ def measure(
                 version += 1
                 sync.update(version)
                 raw_baseline(state, raw, zero_copy)
-            updates, raws = [], []
+            updates, raws, unhashed = [], [], []
             for _ in range(repeat):
                 version += 1
                 updates.append(sync.update(version))
                 raws.append(raw_baseline(state, raw, zero_copy))
+                if transport != "cuda_ipc":  # it always checksums
+                    sync.checksums = False
+                    version += 1
+                    unhashed.append(sync.update(version))
+                    sync.checksums = True
             prepare = statistics.median(u.prepare_s for u in updates)
             total = statistics.median(u.total_s for u in updates)
             pause = statistics.median(u.pause_s for u in updates)
@@ -227,7 +235,11 @@ def measure(
                 "held_ms": round(held * 1e3, 1),
                 "held_fraction": round(held / total, 4),
                 "checksum_fraction": round(checksum_s / total, 3),
+                "checksum_overhead": (
+                    round(1 - statistics.median(u.total_s for u in unhashed) / total, 3) if unhashed else None
+                ),
             }
+            overhead = "n/a" if row["checksum_overhead"] is None else f"{row['checksum_overhead']:.1%}"
             one_node = {p.cluster_node_rank for p in rollout.placements + trainer.placements} == {0}
             if transport == "object_store" and one_node:  # across nodes, both sides also pull copies
                 ceiling = cpu_ceiling(per_bucket_costs(), len(rollout.placements))
@@ -238,7 +250,7 @@ def measure(
                 f"{row['bandwidth_gbps']:.2f} GB/s vs raw {row['raw_bandwidth_gbps']:.2f} GB/s "
                 f"(ratio {row['bandwidth_ratio']:.2f}), pause {row['pause_ms']:.1f} ms "
                 f"({row['pause_fraction']:.1%}; held {row['held_ms']:.1f} ms), "
-                f"checksums {row['checksum_fraction']:.1%}"
+                f"checksums {row['checksum_fraction']:.1%} (measured: {overhead})"
                 + (f", CPU ceiling {row['cpu_ceiling']:.2f}" if "cpu_ceiling" in row else "")
             )
             rows.append(row)
@@ -278,7 +290,7 @@ def main() -> None:
                 "goals": {
                     "bandwidth_ratio": ">= 0.8",
                     "pause_fraction": "<= 0.05",
-                    "checksum_fraction": "<= 0.10",
+                    "checksum_overhead": "<= 0.10",
                 },
             }
         )

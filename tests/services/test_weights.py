@@ -236,6 +236,47 @@ def test_corrupted_bucket_fails_verify_and_rolls_everyone_back(job, transport):
     expect_serving(rollout, 0)  # resumed: serving answers at once, on the old weights
 
 
+@pytest.mark.parametrize("transport", [*OBJECT_STORES, "broadcast"])
+def test_without_checksums_versions_are_still_verified_but_corruption_is_not(job, transport):
+    """checksums=False is a trade the user makes knowingly: the same corrupted bucket that fails
+    verify by default is now served. Nothing is hashed, the version barrier holds."""
+    from rlinfra import rendezvous
+
+    trainer, rollout = job(trainer_cls=CorruptingTrainer)
+    info = None
+    if transport == "broadcast":
+        info = rendezvous.bring_up_cross(
+            "weights", [(trainer, [0]), (rollout, [0, 1, 2, 3])], backend="gloo", timeout_s=30
+        )
+    try:
+        sync = WeightSync(
+            trainer,
+            rollout,
+            transport=transport,
+            bucket_bytes=BUCKET_BYTES,
+            checksums=False,
+            cross_group="weights" if info else None,
+        )
+        trainer.train_to(1).wait()
+        report = sync.update(1)
+        assert report.version == 1 and sync.version == 1
+        versions = [version for version, _ in rollout.current().wait(timeout=10)]
+        assert versions == [1, 1, 1, 1]
+        assert rollout.weights_changed().wait(timeout=10) == [[]] * 4  # nothing was hashed to compare
+    finally:
+        if info is not None:
+            rendezvous.tear_down_cross(info)
+    if transport != "broadcast":  # the corrupting trainer flips a byte of what it puts
+        with pytest.raises(AssertionError):
+            expect_serving(rollout, 1)
+
+
+def test_cuda_ipc_always_checksums(job):
+    trainer, rollout = job()
+    with pytest.raises(ValueError, match="the cuda_ipc transport always checksums"):
+        WeightSync(trainer, rollout, transport="cuda_ipc", checksums=False)
+
+
 @pytest.mark.parametrize("transport", OBJECT_STORES)
 def test_rollout_killed_mid_update_leaves_survivors_consistent(job, transport):
     trainer, rollout = job(die_on_bucket=1)

@@ -143,6 +143,10 @@ class WeightSync:
     with the sender at cross rank 0. ``transport="cuda_ipc"`` asks every worker about its CUDA
     at construction and raises ``ValueError`` naming what cannot work (no CUDA, another node,
     the sender's GPU not visible) before any update is attempted.
+
+    ``checksums=False`` skips every hash (sender and receivers): verify then checks versions only,
+    and a corrupted bucket is served. It exists to measure what the checksums cost and for links
+    so fast that hashing is the bottleneck; the default verifies every byte.
     """
 
     def __init__(
@@ -158,11 +162,14 @@ class WeightSync:
         drain_timeout_s: float = 30.0,
         lease_s: float = 60.0,
         initial_version: int = 0,
+        checksums: bool = True,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
         if transport == "broadcast" and not cross_group:
             raise ValueError("the broadcast transport needs cross_group=<name> (rendezvous.bring_up_cross)")
+        if transport == "cuda_ipc" and not checksums:
+            raise ValueError("the cuda_ipc transport always checksums (checksums=False is not supported)")
         self.sender = sender
         self.receivers = receivers
         self.transport = transport
@@ -173,6 +180,7 @@ class WeightSync:
         self.drain_timeout_s = drain_timeout_s
         self.lease_s = lease_s
         self.version = initial_version
+        self.checksums = checksums
         self.alive = list(receivers.ranks)
         if transport == "cuda_ipc":
             self._check_cuda_ipc()
@@ -192,11 +200,11 @@ class WeightSync:
             raise ValueError(f"versions must increase: {version} after {self.version}")
         started = time.perf_counter()
         try:
-            manifest = self._sender_call("_weights_open", version, self.bucket_bytes)
+            manifest = self._sender_call("_weights_open", version, self.bucket_bytes, self.checksums)
             node_checks = None
             if self.transport == "object_store_shared":
                 self._check_store_room(manifest.nbytes)
-            self._receivers_call("_weights_begin", manifest, SHADOW_DEVICE[self.transport])
+            self._receivers_call("_weights_begin", manifest, SHADOW_DEVICE[self.transport], self.checksums)
             if self.transport == "object_store":
                 checksums = self._transfer_object_store(manifest)
             elif self.transport == "object_store_shared":
@@ -206,6 +214,8 @@ class WeightSync:
             else:
                 checksums = self._transfer_broadcast(manifest)
             self._receivers_call("_weights_stage_done", version)
+            if not self.checksums:
+                checksums, node_checks = {}, None  # verify then checks versions only
         except BaseException as error:
             self._recover(version, resume_owner=None)
             raise self._error("prepare", version, error) from error
@@ -300,6 +310,7 @@ class WeightSync:
             next_put = sender._weights_put.remote(version, index + 1, False) if index + 1 < count else None
             checksums[index] = digest
             hashers = tuple(ranks[index % len(ranks)] for ranks in ranks_by_node.values())
+            hashers = hashers if self.checksums else ()
             mapping.append(
                 [
                     self.receivers.actors[rank]._weights_map.remote(

@@ -162,13 +162,16 @@ def copy_and_hash(target: np.ndarray, source: np.ndarray, digest: Any, chunk: in
         digest.update(memoryview(landed))
 
 
-def pack(state: Mapping[str, Any], spec: BucketSpec, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """Copy the bucket's tensors into one contiguous uint8 buffer; return it and its checksum."""
+def pack(
+    state: Mapping[str, Any], spec: BucketSpec, out: np.ndarray | None = None, hashed: bool = True
+) -> tuple[np.ndarray, int]:
+    """Copy the bucket's tensors into one contiguous uint8 buffer; return it and its checksum
+    (0 when not ``hashed``)."""
     buffer = np.empty(spec.nbytes, dtype=np.uint8) if out is None else out
     for entry in spec.entries:
         flat = np.ascontiguousarray(as_numpy(state[entry.name])).reshape(-1).view(np.uint8)
         buffer[entry.offset : entry.offset + entry.nbytes] = flat
-    return buffer, checksum(buffer)
+    return buffer, checksum(buffer) if hashed else 0
 
 
 def pack_torch(state: Mapping[str, Any], spec: BucketSpec, out: Any) -> Any:

@@ -80,6 +80,7 @@ class _Buffers:
     buckets: list[Any] = field(default_factory=list)
     refs: list[Any] = field(default_factory=list)
     device: str = "cpu"
+    hashed: bool = True  # checksummed as received (WeightSync(checksums=False) turns it off)
     checksums: dict[int, int] = field(default_factory=dict)
     tensors: Mapping[str, Any] = field(default_factory=dict)
 
@@ -172,7 +173,7 @@ class WeightReceiver:
         return changed
 
     # -------------------------------------------------------------------------- update side
-    def _weights_begin(self, manifest: Manifest, device: str = "cpu") -> None:
+    def _weights_begin(self, manifest: Manifest, device: str = "cpu", hashed: bool = True) -> None:
         """Allocate (or reuse) shadow buffers for ``manifest``; generation keeps going.
 
         ``device="cuda"`` (the CUDA IPC transport) puts them on this worker's current GPU;
@@ -182,7 +183,7 @@ class WeightReceiver:
         with state.lock:
             reusable = state.previous if state.previous is not None else None
             state.previous = None
-        shadow = _Buffers(manifest.version, manifest, device=device)
+        shadow = _Buffers(manifest.version, manifest, device=device, hashed=hashed)
         if (
             reusable is not None
             and reusable.manifest is not None
@@ -217,7 +218,13 @@ class WeightReceiver:
         digest = xxhash.xxh3_64()
         for entry, array in zip(spec.entries, payload, strict=True):
             source = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            copy_and_hash(target[entry.offset : entry.offset + entry.nbytes], source, digest)
+            landing = target[entry.offset : entry.offset + entry.nbytes]
+            if shadow.hashed:
+                copy_and_hash(landing, source, digest)
+            else:
+                np.copyto(landing, source)
+        if not shadow.hashed:
+            return 0
         shadow.checksums[index] = digest.intdigest()
         return shadow.checksums[index]
 
@@ -298,7 +305,8 @@ class WeightReceiver:
         group = cross_group(group_name)
         for index, buffer in enumerate(shadow.buckets):
             group.broadcast(torch.from_numpy(buffer), src=src)
-            shadow.checksums[index] = checksum(buffer)
+            if shadow.hashed:
+                shadow.checksums[index] = checksum(buffer)
         return dict(shadow.checksums)
 
     def _weights_stage_done(self, version: int) -> None:
@@ -471,10 +479,12 @@ class WeightSender:
     def weights_state(self) -> Mapping[str, Any]:
         raise NotImplementedError("a WeightSender must implement weights_state() -> {name: tensor}")
 
-    def _weights_open(self, version: int, bucket_bytes: int) -> Manifest:
-        """Fix the state to send (a reference, no copy) and its bucket layout."""
+    def _weights_open(self, version: int, bucket_bytes: int, hashed: bool = True) -> Manifest:
+        """Fix the state to send (a reference, no copy) and its bucket layout, and whether its
+        buckets are checksummed."""
         state = self.weights_state()
         self._rlinfra_sending = (version, state, plan_buckets(state, bucket_bytes))
+        self._rlinfra_hashed = hashed
         self._rlinfra_puts = _OwnedPuts()
         self._weights_ipc_live().release_all()
         return Manifest(version, self._rlinfra_sending[2])
@@ -497,7 +507,7 @@ class WeightSender:
         arrays = bucket_views(state, spec)
         # Hashing in a thread beside Ray's copy gained nothing measurable on 2 cores (Ray's put
         # already copies with several threads), so the two run one after the other.
-        digest = arrays_checksum(arrays)
+        digest = arrays_checksum(arrays) if getattr(self, "_rlinfra_hashed", True) else 0
         if not bounded:
             return digest, [ray.put(arrays)]
         puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
@@ -553,7 +563,8 @@ class WeightSender:
             state, spec = self._sending(version, spec.index)
             if buffer is None or buffer.nbytes < spec.nbytes:
                 buffer = np.empty(spec.nbytes, dtype=np.uint8)
-            view, digests[spec.index] = pack(state, spec, buffer[: spec.nbytes])
+            hashed = getattr(self, "_rlinfra_hashed", True)
+            view, digests[spec.index] = pack(state, spec, buffer[: spec.nbytes], hashed)
             group.broadcast(torch.from_numpy(view), src=group.rank)
         return digests
 
