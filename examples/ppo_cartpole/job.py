@@ -433,7 +433,7 @@ class _TrainingLoop:
         )
         result.served_versions.append(self.sync.version)
         self.staged: Prepared | None = None
-        self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0}
+        self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}
 
     def iterations(self) -> Iterator[dict[str, Any]]:
         """Run until the target return or the iteration budget; yield each iteration's record."""
@@ -464,7 +464,8 @@ class _TrainingLoop:
     def _commit_staged(self) -> None:
         """Pause → swap → verify → resume for the version staged last iteration, if any."""
         if self.staged is not None:
-            self.sync_s["pause_s"] = self.sync.commit(self.staged).pause_s
+            report = self.sync.commit(self.staged)
+            self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
             self.result.served_versions.append(self.sync.version)
             self.staged = None
 
@@ -509,7 +510,8 @@ class _TrainingLoop:
             "collect_s": round(collect_s, 4),
             "train_s": round(train_s, 4),
             "sync_s": round(self.sync_s["prepare_s"] + self.sync_s["pause_s"], 4),
-            "pause_s": round(self.sync_s["pause_s"], 5),
+            "pause_s": round(self.sync_s["pause_s"], 5),  # the driver's view of the commit
+            "held_s": round(self.sync_s["held_s"], 5),  # the longest a rollout worker's gate was closed
             "steps_per_s": round(state.env_steps / state.training_s, 1),
         } | learned
         if state.iteration % self.settings.checkpoint_every == 0:

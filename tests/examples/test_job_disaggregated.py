@@ -39,6 +39,9 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert [r["learner_version"] for r in records] == list(range(1, ITERATIONS + 1))
     # Both data-parallel actor ranks held bit-identical parameters after every update.
     assert all(r["replicas_in_sync"] for r in records)
+    # From the second iteration on a version was committed: the rollout workers' gate was closed
+    # for a while, inside the driver's pause window.
+    assert all(0 < r["held_s"] < r["pause_s"] for r in records[1:])
     # Every env worker's batch came from one version, the same for all workers of an iteration,
     # and never more than max_staleness (1) behind the learner.
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
