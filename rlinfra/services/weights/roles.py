@@ -248,10 +248,7 @@ class WeightReceiver:
         shadow.buckets[index], shadow.refs[index] = arrays, ref
         if getattr(self, "_rank", 0) not in hashers:
             return ref.hex(), None
-        digest = xxhash.xxh3_64()
-        for array in arrays:
-            digest.update(memoryview(array))
-        shadow.checksums[index] = digest.intdigest()
+        shadow.checksums[index] = arrays_checksum(arrays)
         return ref.hex(), shadow.checksums[index]
 
     def _weights_node_id(self) -> str:
