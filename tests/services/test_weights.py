@@ -503,8 +503,9 @@ def test_shared_weights_outlive_the_trainer_that_put_them(job):
     trainer.train_to(1).wait()
     sync.update(1)
     ray.kill(trainer.actors[0])
-    # Churn the stores on both nodes so that freed memory would be handed out again.
-    churn = [ray.put(np.full(BUCKET_BYTES, 0xAB, dtype=np.uint8)) for _ in range(20)]
+    # Fill most of the driver's node's store (150 MiB) so that freed memory would be handed out
+    # again: ranks 0 and 1 map the trainer's primary copies there.
+    churn = [ray.put(np.full(4 * MIB, 0xAB, dtype=np.uint8)) for _ in range(25)]
     assert rollout.current().wait(timeout=10) == [(1, fingerprint(make_state(1)))] * 4
     mappings = rollout.shared_mapping().wait(timeout=10)
     assert all(m["in_store"] for m in mappings)
