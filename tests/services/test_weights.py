@@ -361,6 +361,48 @@ def test_broadcast_transport_over_a_cross_component_group(job):
         rendezvous.tear_down_cross(info)
 
 
+class BroadcastDyingRollout(Rollout):
+    def _weights_receive_broadcast(self, version, group_name, src=0):
+        if self._rank == 3:
+            os._exit(9)
+        return super()._weights_receive_broadcast(version, group_name, src)
+
+
+def test_broadcast_with_a_receiver_killed_names_it_and_leaves_survivors_consistent(cluster, placement):
+    """The sender sees only "connection closed by peer"; the error must name the rollout worker
+    that died, drop it, and say that the cross group needs bringing up again."""
+    from rlinfra import WorkerGroupError, rendezvous
+
+    trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
+    rollout = BroadcastDyingRollout.create_group().launch(
+        cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=4
+    )
+    try:
+        info = rendezvous.bring_up_cross(
+            "weights", [(trainer, [0]), (rollout, [0, 1, 2, 3])], backend="gloo", timeout_s=30
+        )
+        sync = WeightSync(
+            trainer, rollout, transport="broadcast", cross_group="weights", bucket_bytes=BUCKET_BYTES
+        )
+        trainer.train_to(1).wait()
+        started = time.monotonic()
+        with pytest.raises(WeightSyncError) as caught:
+            sync.update(1)
+        assert time.monotonic() - started < 20
+        error = caught.value
+        assert error.step == "prepare" and error.failed_ranks == [3]
+        assert "rank 3 (node 1): the worker process died" in str(error)
+        assert "lost a member: bring it up again" in str(error)
+        assert sync.alive == [0, 1, 2] and sync.version == 0
+        survivors = rollout.execute_on([0, 1, 2])
+        assert survivors.current().wait(timeout=10) == [(0, fingerprint(make_state(0)))] * 3
+        with pytest.raises(WorkerGroupError, match="rank 3"):  # the dead member cannot leave
+            rendezvous.tear_down_cross(info)
+    finally:
+        trainer.shutdown()
+        rollout.shutdown()
+
+
 # ------------------------------------------------------------------ the object store's memory bound
 OBJECT_OVERHEAD = 4096  # per object in the store: the pickled list around a bucket's arrays
 

@@ -68,6 +68,8 @@ SHADOW_DEVICE = {
     "broadcast": "cpu",
     "cuda_ipc": "cuda",
 }
+# How long a failed broadcast waits for the receivers to say which of them died.
+BLAME_GRACE_S = 3.0
 # Reasons (from rlinfra.runtime.calls) that mean a worker is gone rather than merely failing.
 _GONE = ("the worker process died", "the worker became unreachable", "its node")
 
@@ -91,7 +93,7 @@ def _failed_step(step: str, error: BaseException) -> str:
 class WeightSyncError(RuntimeError):
     """A weight update failed; every surviving worker was rolled back and resumed."""
 
-    def __init__(self, step: str, version: int, serving: int, cause: BaseException) -> None:
+    def __init__(self, step: str, version: int, serving: int, cause: BaseException, note: str = "") -> None:
         self.step = step
         self.version = version
         self.serving_version = serving
@@ -99,7 +101,7 @@ class WeightSyncError(RuntimeError):
         self.failed_ranks = cause.failed_ranks if isinstance(cause, WorkerGroupError) else []
         super().__init__(
             f"weight update to version {version} failed at '{step}'; every surviving worker is back "
-            f"on version {serving} and resumed.\n{cause}"
+            f"on version {serving} and resumed.\n{cause}" + (f"\n{note}" if note else "")
         )
 
 
@@ -412,9 +414,27 @@ class WeightSync:
             self.receivers.actors[rank]._weights_receive_broadcast.remote(version, self.cross_group)
             for rank in self.alive
         ]
-        checksums = self._get_sender(send, "_weights_broadcast")
+        try:
+            checksums = self._get_sender(send, "_weights_broadcast")
+        except WorkerGroupError as sender_error:
+            self._blame_dead_receivers(refs, sender_error)
+            raise
         self._wait_receivers("_weights_receive_broadcast", refs)
         return checksums
+
+    def _blame_dead_receivers(self, refs: list[Any], sender_error: WorkerGroupError) -> None:
+        """A collective fails for every member when one dies, and the sender usually notices
+        first ("connection closed by peer"). Give the receivers a moment to say who died: if one
+        did, raise that — it names the dead worker — and stop counting on it. Survivors still
+        blocked in the collective are reported as still running, not waited for."""
+        try:
+            self.receivers._call("_weights_receive_broadcast", refs, list(self.alive)).wait(
+                timeout=BLAME_GRACE_S
+            )
+        except WorkerGroupError as error:
+            if any(failure.reason.startswith(_GONE) for failure in error.failures.values()):
+                self._forget_dead(error)
+                raise error from sender_error
 
     # ---------------------------------------------------------------------------------- calls
     def _receivers_call(self, method: str, *args: Any) -> list[Any]:
@@ -463,5 +483,11 @@ class WeightSync:
     def _error(self, step: str, version: int, error: BaseException) -> WeightSyncError:
         if isinstance(error, WeightSyncError):
             return error
-        serving = self.version
-        return WeightSyncError(step, version, serving, error)
+        note = ""
+        failures = error.failures.values() if isinstance(error, WorkerGroupError) else []
+        if self.transport == "broadcast" and any(f.reason.startswith(_GONE) for f in failures):
+            note = (
+                f"The cross-component group {self.cross_group!r} lost a member: bring it up again "
+                "without the dead workers (rendezvous.bring_up_cross) before the next broadcast update."
+            )
+        return WeightSyncError(step, version, self.version, error, note)
