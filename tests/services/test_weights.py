@@ -427,9 +427,9 @@ class MeasuringTrainer(Trainer):
     def train_to(self, version: int) -> None:
         self.state = big_state(version)
 
-    def _weights_open(self, version, bucket_bytes):
+    def _weights_open(self, version, bucket_bytes, hashed=True):
         self.put_keys: dict[bytes, int] = {}
-        return super()._weights_open(version, bucket_bytes)
+        return super()._weights_open(version, bucket_bytes, hashed)
 
     def _weights_put(self, version, index):
         digest, (ref,) = super()._weights_put(version, index)
