@@ -294,10 +294,11 @@ class WeightSync:
         return checksums
 
     def _transfer_shared(self, manifest: Manifest) -> tuple[dict[int, int], NodeChecks]:
-        """Every bucket put once and mapped (not copied) by every receiver. Nothing is freed until
-        the next version, so the driver does not hold a put back until the receivers are done: it
-        hands each bucket out as soon as it is in the store and collects the answers at the end.
-        Bucket i is hashed on each node by that node's (i mod n)-th worker."""
+        """Every bucket put once and mapped (not copied) by every receiver. The buckets stay in the
+        store as the receivers' shadow, so there is no memory to win by holding a put back until
+        the receivers are done: the driver hands each bucket out as soon as it is in the store and
+        collects the answers at the end. Bucket i is hashed on each node by that node's
+        (i mod n)-th worker."""
         version = manifest.version
         count = len(manifest.buckets)
         sender = self.sender.actors[self.sender_rank]
