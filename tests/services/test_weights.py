@@ -334,6 +334,21 @@ def test_generation_that_does_not_drain_fails_the_pause_and_everyone_stays_on_th
     assert slow.wait(timeout=10) == [0]  # the slow pass finished on the version it started with
 
 
+def test_ctrl_c_during_an_update_rolls_back_resumes_and_passes_through(job):
+    trainer, rollout = job()
+    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
+    trainer.train_to(1).wait()
+    prepared = sync.prepare(1)
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # not a WeightSyncError: the caller is stopping
+        sync.commit(prepared, while_paused=ctrl_c)
+    assert sync.version == 0
+    expect_serving(rollout, 0)  # resumed at once, on the old weights
+
+
 def test_a_paused_gate_reopens_when_its_lease_runs_out(job):
     _, rollout = job()
     ray.get(rollout.actors[0]._weights_pause.remote("a-driver-that-died", 0.5, 5.0), timeout=10)

@@ -74,6 +74,13 @@ BLAME_GRACE_S = 3.0
 _GONE = ("the worker process died", "the worker became unreachable", "its node")
 
 
+def _let_through(error: BaseException) -> None:
+    """Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` pass through unchanged once the workers
+    are rolled back and resumed: the caller is stopping, not facing a failed update."""
+    if not isinstance(error, Exception):
+        raise error
+
+
 def _failed_step(step: str, error: BaseException) -> str:
     """Which step a call that did several (pause + swap + verify, or swap + verify) failed in:
     the furthest one any worker raised in; ``step`` (the call's first) when no worker said."""
@@ -220,6 +227,7 @@ class WeightSync:
                 checksums, node_checks = {}, None  # verify then checks versions only
         except BaseException as error:
             self._recover(version, resume_owner=None)
+            _let_through(error)
             raise self._error("prepare", version, error) from error
         finally:
             self._sender_call_quietly("_weights_close", version)
@@ -252,6 +260,7 @@ class WeightSync:
             if step != "while paused":
                 step = _failed_step(step, error)
             self._recover(version, resume_owner=owner)
+            _let_through(error)
             raise self._error(step, version, error) from error
         step = "resume"
         try:
