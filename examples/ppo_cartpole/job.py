@@ -624,24 +624,16 @@ class _CtrlC:
         self.pressed = True
         raise KeyboardInterrupt
 
-    @contextlib.contextmanager
-    def watching(self) -> Iterator[None]:
-        try:
-            previous = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:  # not the main thread: signals are not ours to manage
-            yield
-            return
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
+    def watching(self) -> contextlib.AbstractContextManager[None]:
+        return _sigint_handled_by(self._handler)
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Hold off Ctrl-C while releasing workers and placement groups (bounded: seconds)."""
+def _sigint_handled_by(handler: Any) -> Iterator[None]:
+    """Inside the block SIGINT goes to ``handler`` (a function or ``signal.SIG_IGN``); the
+    previous handler is back afterwards."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread: signals are not ours to manage
         yield
         return
@@ -649,3 +641,10 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Hold off Ctrl-C while releasing workers and placement groups (bounded: seconds)."""
+    with _sigint_handled_by(signal.SIG_IGN):
+        yield
