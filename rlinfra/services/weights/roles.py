@@ -340,7 +340,7 @@ class WeightReceiver:
         state = self._weights()
         with state.lock:
             self._check_owner(state, owner)
-            shadow = self._weights().shadow
+            shadow = state.shadow
             if shadow is None or shadow.version != version or not shadow.tensors:
                 raise WeightsSwapError(f"version {version} is not fully staged here")
             state.previous, state.current, state.shadow = state.current, shadow, None
