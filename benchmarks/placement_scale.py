@@ -5,8 +5,9 @@ plus ``env`` on the reserved ``node`` group (one process per node) on N nodes x 
 for N in 10, 100, 1,000, 4,000. Figures, best of ``--repeat`` runs each:
 
 * ``ms``: config -> ``ComponentPlacement`` with every ``Placement`` record built;
-* ``vs_floor``: that time divided by the time to build the same number of bare 11-field tuples
-  (the floor any Python engine pays for its output), measured in the same run;
+* ``vs_floor``: that time divided by the time to build the same number of bare tuples shaped
+  like a ``Placement`` (14 fields, three of them lists, as RLinf's types are) — the floor any
+  Python engine pays for its output, measured in the same run;
 * ``growth``: time(N) / time(previous N) divided by the node ratio — 1.0 is exactly linear.
 
 Goal (issue 2): 1,000 x 8 under 50 ms, growth ≈ 1 (RLinf 0.3.0 takes about 20 s at 1,000 x 8).
@@ -46,7 +47,10 @@ def resolve_once(num_nodes: int) -> tuple[float, int]:
 def floor_once(records: int) -> float:
     """Time to allocate ``records`` bare tuples shaped like a Placement."""
     start = time.perf_counter()
-    rows = [(i, records, i, 0, i, 8, "GPU", (i,), (i % 8,), str(i % 8), "cluster") for i in range(records)]
+    rows = [
+        (i, records, i, 0, i, 8, "GPU", i % 8, [str(i % 8)], True, "GPU", [i], [i % 8], "cluster")
+        for i in range(records)
+    ]
     elapsed = time.perf_counter() - start
     assert len(rows) == records
     return elapsed

@@ -61,7 +61,6 @@ class RunSettings:
     output_dir: str = "outputs/ppo_cartpole"
     checkpoint_every: int = 1  # iterations; a checkpoint is ~100 kB, so every iteration is cheap
     transport: str = "object_store"  # weight-sync transport
-    num_cpus: float = 1.0  # logical CPUs reserved per worker process (as `rlinfra plan` shows)
     request_timeout_s: float = 60.0  # an env worker's wait for one batch of actions
     call_timeout_s: float = 300.0  # the driver's wait for a rollout or a training step
     launch_timeout_s: float = 180.0
@@ -157,7 +156,7 @@ def run_settings(cfg: Mapping[str, Any]) -> RunSettings:
     settings = _dataclass_section(RunSettings, cfg, "run")
     _require(settings.checkpoint_every >= 1, "run.checkpoint_every", settings.checkpoint_every, "at least 1")
     _require(settings.transport in TRANSPORTS, "run.transport", settings.transport, f"one of {TRANSPORTS}")
-    for key in ("num_cpus", "request_timeout_s", "call_timeout_s", "launch_timeout_s"):
+    for key in ("request_timeout_s", "call_timeout_s", "launch_timeout_s"):
         _require(getattr(settings, key) > 0, f"run.{key}", getattr(settings, key), "a positive number")
     return settings
 
@@ -236,7 +235,7 @@ def run(
         placement = ComponentPlacement(cfg, cluster)
         envs_per_worker = _envs_per_worker(placement, algo)
         with console.status("reserving the layout"):
-            live = _Components(Layout(cluster, placement, COMPONENTS, num_cpus=settings.num_cpus))
+            live = _Components(Layout(cluster, placement, COMPONENTS))
         _show_plan(console, cluster, placement, live.layout.plan)  # what was reserved, before any worker
         _launch(live, cluster, placement, algo, spaces, envs_per_worker, settings, checkpoint, console)
         result.placements = {
@@ -266,10 +265,13 @@ def run(
 
 def _show_plan(console: Console, cluster: Cluster, placement: ComponentPlacement, layout: LayoutPlan) -> None:
     """The same tables, map and layout as ``rlinfra plan``, for the live cluster and the placement
-    group just reserved, before any worker starts."""
+    group just reserved (and what each node holds of its CPUs), before any worker starts."""
+    from rlinfra.cli.node_view import node_loads
     from rlinfra.cli.plan_view import render_plan
 
-    render_plan(console, cluster.spec, placement, layout, show_all=False)
+    cpus = [int(node.resources.get("CPU", 0)) for node in cluster.nodes]
+    loads = node_loads(layout, cluster.spec.num_nodes, cpus)
+    render_plan(console, cluster.spec, placement, layout, loads, show_all=False)
     console.print()
 
 
@@ -327,7 +329,6 @@ def _launch(
     algo_dict = dataclasses.asdict(algo)
     options = {
         "layout": live.layout,
-        "num_cpus": settings.num_cpus,
         "launch_timeout": settings.launch_timeout_s,
         "call_timeout": settings.call_timeout_s,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlinfra.placement import CLUSTER_GROUP, NODE_GROUP, ClusterSpec, ComponentPlacement
+from rlinfra.placement.node_groups import NODE_KIND
 
 # component name -> its process ranks on one slot, ascending
 Occupants = dict[str, list[int]]
@@ -64,15 +65,14 @@ def build_device_map(
     rows = _empty_rows(spec, shown)
     has_whole_node = False
     for name in placement.components:
-        pool = spec.resources(placement.get_node_groups(name))
-        has_whole_node = has_whole_node or pool.is_node
         for record in placement.get_placements(name):
+            has_whole_node = has_whole_node or record.hardware_type == NODE_KIND
             if record.cluster_node_rank >= shown:
                 continue
             row = rows[record.cluster_node_rank]
-            if pool.is_node:
+            if record.hardware_type == NODE_KIND:
                 row.whole_node.setdefault(name, []).append(record.rank)
-            elif pool.is_accelerator:
+            elif record.hardware_type == record.accelerator_type:
                 for device in record.local_hardware_ranks:
                     row.accelerators[device].setdefault(name, []).append(record.rank)
             else:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.placement import PlacementError
 from rlinfra.services.jobs import (
     TERMINAL_STATUSES,
@@ -129,7 +129,7 @@ def submit(
     """
     errors = _stderr()
     try:
-        cfg = load_config(config)
+        cfg = load_cluster_config(config, also=("runtime_env",))
         required = parse_requirements(require or ())
         runtime_env = build_runtime_env(
             parse_assignments(env or (), "--env"), working_dir, cfg.get("runtime_env")

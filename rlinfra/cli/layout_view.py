@@ -37,8 +37,9 @@ def plan_job_layout(placement: ComponentPlacement) -> LayoutPlan:
     """Every component of the config in one placement group, as a live ``Layout`` would plan it."""
     placements = {name: placement.get_placements(name) for name in placement.components}
     constraints = {name: placement.get_process_constraints(name) for name in placement.components}
+    cpus = {name: placement.get_num_cpus(name) for name in placement.components}
     try:
-        return plan_layout(placements, constraints=constraints)
+        return plan_layout(placements, cpus, constraints=constraints)
     except ValueError as error:
         raise LayoutError(f"cannot lay the job out as one placement group: {error}") from None
 

@@ -4,8 +4,9 @@ The command only wires things together: load the config, decide how many acceler
 has (``--nodes``, else ``cluster.simulate``, else 8 per node), build the same ``ClusterSpec`` and
 ``ComponentPlacement`` a live launch would, and hand them to the view. ``--env COMPONENT`` shows
 one process's environment instead, composed as a launch composes it. User mistakes (config,
-placement, ``--nodes``, an unknown component) exit with status 2 and a message; anything else is
-a bug and keeps its traceback.
+placement, ``--nodes``, an unknown component) exit with status 2 and a message; a valid plan that
+some node cannot hold (``--cpus``) is printed, then exits with status 1 naming the nodes; anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.layout_view import LayoutError, plan_job_layout
+from rlinfra.cli.node_view import node_loads, overload_message, overloaded, parse_cpus
 from rlinfra.cli.plan_view import (
     dumps_plan,
     env_table,
@@ -30,19 +32,33 @@ from rlinfra.cli.plan_view import (
     save_map_svg,
 )
 from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
-from rlinfra.placement.cluster_spec import parse_nodes_spec
+from rlinfra.placement.config import parse_nodes_spec
 from rlinfra.placement.config_access import to_plain
-from rlinfra.runtime.env import parse_allowlist, resolve_worker_env
-from rlinfra.runtime.secrets import parse_secrets
+from rlinfra.runtime.env import driver_allowlist, resolve_worker_env
 
 USAGE_ERROR = 2
+DOES_NOT_FIT = 1  # the plan is valid but some node cannot hold what it reserves
 DEFAULT_ACCELERATORS = 8
 
 
 def plan(
     config: Annotated[
-        Path, typer.Argument(metavar="CONFIG", help="YAML config with a cluster section.", show_default=False)
+        Path,
+        typer.Argument(
+            metavar="CONFIG",
+            help="YAML config with a cluster section, or a Hydra config directory with --config-name.",
+            show_default=False,
+        ),
     ],
+    config_name: Annotated[
+        str | None,
+        typer.Option(
+            "--config-name",
+            metavar="NAME",
+            help="Compose config NAME of the Hydra config directory CONFIG (as @hydra.main would).",
+            show_default=False,
+        ),
+    ] = None,
     nodes: Annotated[
         str | None,
         typer.Option(
@@ -50,6 +66,16 @@ def plan(
             metavar="SPEC",
             help="Accelerators per node: 'NxG' (e.g. 2x8) or per-node counts (e.g. 8,8,4,0). "
             "Default: cluster.simulate, else 8 per node.",
+            show_default=False,
+        ),
+    ] = None,
+    cpus: Annotated[
+        str | None,
+        typer.Option(
+            "--cpus",
+            metavar="SPEC",
+            help="CPUs per node, to check that each node can hold what it reserves: one count for "
+            "all (e.g. 64) or one per node (64,64,32). Default: cluster.simulate_cpus when simulating.",
             show_default=False,
         ),
     ] = None,
@@ -83,13 +109,14 @@ def plan(
     """
     errors = make_console(stderr=True)
     try:
-        cfg = load_config(config)
+        cfg = load_cluster_config(config, config_name)
         counts = accelerator_counts(cfg.cluster, nodes, errors)
         spec = ClusterSpec.from_config(cfg.cluster, counts)
         placement = ComponentPlacement(cfg, spec)
-        secrets = parse_secrets(cfg.cluster)
-        allowlist = parse_allowlist(cfg.cluster)
+        secrets = placement.config.secrets
+        allowlist = driver_allowlist(placement.config.env_allowlist)
         layout = plan_job_layout(placement)
+        loads = node_loads(layout, spec.num_nodes, _node_cpus(cpus, placement))
     except (ConfigError, PlacementError, LayoutError) as error:
         fail(errors, error)
     if env is not None:
@@ -99,11 +126,24 @@ def plan(
         # Before any output, so an unwritable path fails cleanly instead of after half a plan.
         _write_svg(svg, spec, placement, show_all, errors)
     if as_json:
-        typer.echo(dumps_plan(plan_to_dict(spec, placement, layout)))
+        typer.echo(dumps_plan(plan_to_dict(spec, placement, layout, loads)))
     else:
-        render_plan(make_console(), spec, placement, layout, show_all)
+        render_plan(make_console(), spec, placement, layout, loads, show_all)
     if svg is not None:
         errors.print(f"wrote the node × device map to {svg}", style="dim")
+    if overloaded(loads):
+        errors.print(Text.assemble(("error: ", "bold red"), overload_message(loads)), soft_wrap=True)
+        raise typer.Exit(DOES_NOT_FIT)
+
+
+def _node_cpus(cpus: str | None, placement: ComponentPlacement) -> list[int] | None:
+    """CPUs per node from ``--cpus``, else a simulated cluster's ``simulate_cpus``, else unknown."""
+    config = placement.config
+    if cpus is not None:
+        return parse_cpus(cpus, config.num_nodes)
+    if config.simulate is not None:
+        return [config.simulate_cpus] * config.num_nodes
+    return None
 
 
 def _show_env(

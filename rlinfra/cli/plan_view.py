@@ -20,13 +20,14 @@ from rich.text import Text
 
 from rlinfra.cli.device_map import DeviceMap, NodeRow, Occupants, build_device_map
 from rlinfra.cli.layout_view import layout_to_dict, render_layout
+from rlinfra.cli.node_view import NodeLoad, nodes_table, nodes_to_dict
 from rlinfra.placement import ClusterSpec, ComponentPlacement, Placement
 from rlinfra.placement.errors import short_ranks
 
 if TYPE_CHECKING:
+    from rlinfra.placement.secret_specs import SecretSpec
     from rlinfra.runtime.bundles import LayoutPlan
     from rlinfra.runtime.env import ResolvedEnv
-    from rlinfra.runtime.secrets import SecretSpec
 
 HEAD_ROWS = 16
 TAIL_ROWS = 4
@@ -86,7 +87,9 @@ def format_ranks(ranks: Sequence[int]) -> str:
     return text if len(ranks) <= 2 else f"{text} ({len(ranks)})"
 
 
-def plan_to_dict(spec: ClusterSpec, placement: ComponentPlacement, layout: LayoutPlan) -> dict[str, Any]:
+def plan_to_dict(
+    spec: ClusterSpec, placement: ComponentPlacement, layout: LayoutPlan, loads: Sequence[NodeLoad] = ()
+) -> dict[str, Any]:
     """The machine-readable plan printed by ``rlinfra plan --json`` (a contract other tools read)."""
     return {
         "cluster": {"nodes": [node.num_accelerators for node in spec.nodes]},
@@ -100,6 +103,7 @@ def plan_to_dict(spec: ClusterSpec, placement: ComponentPlacement, layout: Layou
             for name in placement.components
         },
         "layout": layout_to_dict(layout, placement),
+        "nodes": nodes_to_dict(loads),
     }
 
 
@@ -121,9 +125,15 @@ def dumps_plan(value: Any, level: int = 0) -> str:
 
 
 def render_plan(
-    console: Console, spec: ClusterSpec, placement: ComponentPlacement, layout: LayoutPlan, show_all: bool
+    console: Console,
+    spec: ClusterSpec,
+    placement: ComponentPlacement,
+    layout: LayoutPlan,
+    loads: Sequence[NodeLoad],
+    show_all: bool,
 ) -> None:
-    """Header, one table per strategy, the node × device map, then the layout and relations."""
+    """Header, one table per strategy, the node × device map, the layout and relations, then what
+    each node reserves."""
     colors = component_colors(placement.components)
     console.print(Text.assemble(("Cluster: ", "bold"), spec.describe()))
     for names in strategy_groups(placement):
@@ -133,6 +143,8 @@ def render_plan(
     console.print(map_table(build_device_map(spec, placement, None if show_all else MAP_NODES), colors))
     console.print()
     render_layout(console, layout, placement, colors, show_all)
+    console.print()
+    console.print(nodes_table(loads, show_all))
 
 
 def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
@@ -181,7 +193,7 @@ def strategy_table(
         header_style="bold",
         show_edge=False,
     )
-    for column in ("rank", "node", "local rank", "devices", "visible", "group", "resource ranks"):
+    for column in ("rank", "node", "local rank", "devices", "visible", "group", "hardware ranks"):
         table.add_column(column, justify="right" if column in ("rank", "node") else "left")
     for index in indices:
         if index is None:
@@ -208,7 +220,7 @@ def _record_cells(record: Placement) -> list[str]:
         short_ranks(record.local_hardware_ranks) if record.local_hardware_ranks else "—",
         record.visible_devices if record.visible_devices is not None else "—",
         record.node_group_label,
-        short_ranks(record.resource_ranks),
+        short_ranks(record.hardware_ranks),
     ]
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.job import fail
 from rlinfra.placement import PlacementError
 from rlinfra.services.slurm import (
@@ -118,7 +118,7 @@ def render(
     """
     errors = Console(stderr=True, soft_wrap=True)
     try:
-        cfg = load_config(config)
+        cfg = load_cluster_config(config)
         job = job_from_config(
             cfg.cluster,
             driver,

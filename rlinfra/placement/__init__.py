@@ -3,17 +3,18 @@
 No Ray, torch or numpy here and no I/O, so everything can be planned and tested without a cluster.
 """
 
-from rlinfra.placement.cluster_spec import (
+from rlinfra.placement.cluster_spec import ClusterSpec
+from rlinfra.placement.component import ComponentPlacement
+from rlinfra.placement.config import ClusterConfig, ComponentConfig, parse_cluster_config
+from rlinfra.placement.errors import PlacementError
+from rlinfra.placement.node_groups import (
     CLUSTER_GROUP,
     NODE_GROUP,
-    ClusterSpec,
     EnvConfig,
     HardwareUnit,
     NodeGroup,
     NodeSpec,
 )
-from rlinfra.placement.component import ComponentPlacement
-from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import (
     FlexiblePlacementStrategy,
@@ -26,7 +27,9 @@ __all__ = [
     "CLUSTER_GROUP",
     "NODE_GROUP",
     "VISIBILITY_ENV",
+    "ClusterConfig",
     "ClusterSpec",
+    "ComponentConfig",
     "ComponentPlacement",
     "EnvConfig",
     "FlexiblePlacementStrategy",
@@ -38,4 +41,5 @@ __all__ = [
     "Placement",
     "PlacementError",
     "PlacementStrategy",
+    "parse_cluster_config",
 ]

@@ -7,14 +7,15 @@ a ``PlacementError`` that names the config path instead of an ``AttributeError``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.placement.errors import PlacementError
-from rlinfra.placement.grammar import parse_rank_range
+from rlinfra.placement.grammar import ALL, parse_rank_range
 
 
 def to_plain(value: Any) -> Any:
@@ -34,22 +35,6 @@ def to_plain(value: Any) -> Any:
                 expected="interpolations (${...}) that resolve",
             ) from None
     return value
-
-
-def cluster_section(cfg: Any) -> dict[str, Any]:
-    """The ``cluster`` section of a full config, as a plain dict."""
-    plain = to_plain(cfg)
-    if isinstance(plain, Mapping):
-        section = plain.get("cluster")
-    else:
-        section = to_plain(getattr(cfg, "cluster", None))
-    if not isinstance(section, Mapping):
-        raise PlacementError(
-            "the config has no 'cluster' section",
-            where="cfg.cluster",
-            expected="a mapping with num_nodes and component_placement",
-        )
-    return dict(section)
 
 
 def as_mapping(cluster_cfg: Any, where: str = "cluster") -> dict[str, Any]:
@@ -79,19 +64,26 @@ def require_str(value: Any, where: str) -> str:
     return value.strip()
 
 
-def reject_unknown_keys(section: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    """Typos in field names would otherwise be silently ignored; name them instead."""
+def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Typos in field names would otherwise be silently ignored; name them, and the nearest
+    valid field (``node_grups`` → ``node_groups``)."""
     unknown = [key for key in section if key not in allowed]
     if unknown:
+        key = str(unknown[0])
+        nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+        hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
         raise PlacementError(
-            f"unknown field {unknown[0]!r}",
+            f"unknown field {key!r}{hint}",
             where=where,
             expected="one of " + ", ".join(repr(a) for a in allowed),
         )
 
 
-def parse_rank_list(value: Any, where: str, num_nodes: int) -> list[int]:
-    """Node ranks written as an int, a string like ``'0-3,6'``, or a YAML list of either.
+def parse_rank_list(
+    value: Any, where: str, num_nodes: int, all_ranks: Sequence[int] | None = None
+) -> list[int]:
+    """Node ranks written as an int, a string like ``'0-3,6'``, a YAML list of either, or
+    ``all`` in any case (as RLinf accepts): ``all_ranks``, by default every node.
 
     Returns the ranks in the order written; duplicates are an error, and so is a rank of
     ``num_nodes`` or more — checked before a range is expanded, so that a typo such as
@@ -104,6 +96,8 @@ def parse_rank_list(value: Any, where: str, num_nodes: int) -> list[int]:
             where=where,
             expected="an int, a range string such as '0-3,6', or a list of them",
         )
+    if isinstance(value, str) and value.strip().lower() == ALL:
+        return list(all_ranks) if all_ranks is not None else list(range(num_nodes))
     items = value if isinstance(value, (list, tuple)) else [value]
     if not items:
         raise PlacementError("the list of ranks is empty", where=where, expected="at least one rank")

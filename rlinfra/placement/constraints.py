@@ -16,14 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlinfra.placement.config_access import as_mapping, parse_rank_list, reject_unknown_keys, require_str
 from rlinfra.placement.errors import PlacementError, short_ranks
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
-
-if TYPE_CHECKING:
-    from rlinfra.placement.cluster_spec import NodeGroup
 
 _FIELDS = ("nodes", "resources", "labels")
 # Ray's own resources are requested by the placement itself; a constraint naming them would
@@ -158,17 +155,17 @@ def check_nodes(constraints: Constraints, placements: Sequence[Placement], where
 
 
 def process_constraints(
-    placements: Sequence[Placement], component: Constraints, node_groups: Mapping[str, NodeGroup]
+    placements: Sequence[Placement], component: Constraints, group_constraints: Mapping[str, Constraints]
 ) -> list[Constraints]:
-    """The constraints of each process: its node group's, refined by its component's."""
+    """The constraints of each process: its node group's (``group_constraints``: label →
+    constraints), refined by its component's."""
     by_label: dict[str, Constraints] = {}
     result = []
     for placement in placements:
         label = placement.node_group_label
         merged = by_label.get(label)
         if merged is None:
-            group = node_groups.get(label)
-            base = group.constraints if group is not None else NO_CONSTRAINTS
+            base = group_constraints.get(label, NO_CONSTRAINTS)
             merged = by_label[label] = base.refined_by(component, f"node group {label!r}")
         result.append(merged)
     return result

@@ -8,7 +8,9 @@ This is where the placement rules live (see DESIGN "Placement semantics"):
 * on devices (accelerators, custom hardware) a segment of R resources and P processes needs
   ``P % R == 0`` (P/R processes share a device) or ``R % P == 0`` (a process owns R/P contiguous
   devices, all on one node);
-* on nodes any P >= R works: processes are spread as evenly as possible, in order.
+* on nodes any P >= R works: processes are spread as evenly as possible, in order;
+* a process's resources are of one kind (a pool may concatenate GPUs and robots: a segment mixing
+  kinds follows the device rule, and one process never owns two kinds).
 
 The output is one tuple of resource ranks per process, the input of every strategy.
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable
 
 from rlinfra.placement.errors import PlacementError, Span
 from rlinfra.placement.grammar import Segment
+from rlinfra.placement.node_groups import NODE_KIND
 from rlinfra.placement.resources import ResourcePool
 
 MAX_PROCESSES = 1_000_000
@@ -82,7 +85,7 @@ def assign_resources(
                 segment.span,
                 "a smaller process range",
             )
-        if pool.is_node:
+        if _all_nodes(pool, first, last):
             assigned.extend(_spread_on_nodes(first, num_resources, num_processes, fail, segment))
         else:
             assigned.extend(
@@ -137,7 +140,7 @@ def _share_devices(
         )
     width = num_resources // num_processes
     out = []
-    node_of = pool.node_of
+    node_of, kind_of = pool.node_of, pool.kind_of
     for index in range(num_processes):
         start = first + index * width
         end = start + width - 1
@@ -148,5 +151,22 @@ def _share_devices(
                 segment.resources_span,
                 f"groups of {width} {kind}s that each lie on one node",
             )
+        mixed = sorted(set(kind_of[start : end + 1]))
+        if len(mixed) > 1:
+            raise fail(
+                f"process {first_process + index} would own resources {start}-{end} of different "
+                f"kinds ({', '.join(mixed)})",
+                segment.resources_span,
+                f"groups of {width} resources of one kind per process",
+            )
         out.append(tuple(range(start, end + 1)))
     return out
+
+
+def _all_nodes(pool: ResourcePool, first: int, last: int) -> bool:
+    """Whether resources ``first..last`` are all whole nodes (they follow the node rule)."""
+    if pool.is_node:
+        return True
+    if NODE_KIND not in pool.kinds:
+        return False
+    return all(kind == NODE_KIND for kind in pool.kind_of[first : last + 1])

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rlinfra.placement.cluster_spec import CLUSTER_GROUP, NODE_GROUP, ClusterSpec
+from rlinfra.placement.cluster_spec import ClusterSpec
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints
 from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars
 from rlinfra.placement.errors import PlacementError, short_ranks
 from rlinfra.placement.gc_pause import gc_paused
+from rlinfra.placement.node_groups import CLUSTER_GROUP, NODE_GROUP, NODE_KIND, NodeSpec
 from rlinfra.placement.record import Placement
 from rlinfra.placement.resources import ResourcePool
 
@@ -39,7 +40,11 @@ def as_cluster_spec(cluster: Any) -> ClusterSpec:
     )
 
 
-def _labels(node_group: str | Sequence[str]) -> tuple[str, ...]:
+def _labels(node_group: str | Sequence[str] | None, default: str) -> tuple[str, ...]:
+    """RLinf's ``node_group_label`` / ``node_group``: None (the default group), one label, a
+    comma-separated string, or a sequence of labels (YAML ints are labels too)."""
+    if node_group is None:
+        return (default,)
     if isinstance(node_group, int) and not isinstance(node_group, bool):
         node_group = str(node_group)
     if isinstance(node_group, str):
@@ -56,16 +61,18 @@ def _labels(node_group: str | Sequence[str]) -> tuple[str, ...]:
 class PlacementStrategy:
     """Base class: subclasses say which resources each process gets; this class builds records.
 
-    ``env_vars`` and ``constraints`` are the component's own, set by ``ComponentPlacement`` from
-    the config (a strategy built by hand has none).
+    ``env_vars``, ``constraints`` and ``num_cpus`` are the component's own, set by
+    ``ComponentPlacement`` from the config (a strategy built by hand has none: no variables, no
+    constraints, the default CPU rule).
     """
 
     as_nodes = False
     env_vars: EnvVars = NO_ENV_VARS
     constraints: Constraints = NO_CONSTRAINTS
+    num_cpus: float | None = None
 
-    def __init__(self, node_group: str | Sequence[str], where: str) -> None:
-        self.node_groups = _labels(node_group)
+    def __init__(self, node_groups: tuple[str, ...], where: str) -> None:
+        self.node_groups = node_groups
         self.where = where
         self._cached: tuple[ClusterSpec, bool, list[Placement]] | None = None
 
@@ -92,27 +99,36 @@ class PlacementStrategy:
 
 
 class FlexiblePlacementStrategy(PlacementStrategy):
-    """Process ``i`` uses resources ``hardware_ranks_list[i]`` of ``node_group`` (all on one node).
+    """Process ``i`` uses resources ``hardware_ranks_list[i]`` of ``node_group_label`` (all on one
+    node, all of one kind); without a label, of the whole cluster's accelerators.
 
-    Several processes may list the same device (they share it).
+    As in RLinf, each process's ranks are sorted, and processes are ordered by their first rank
+    (``[[2, 1, 3]]`` uses 1,2,3; ``[[4], [0]]`` puts rank 0 on resource 0). Several processes may
+    list the same device (they share it).
     """
 
     def __init__(
         self,
         hardware_ranks_list: Sequence[Sequence[int]],
-        node_group: str | Sequence[str] = CLUSTER_GROUP,
-        where: str = "FlexiblePlacementStrategy",
+        node_group_label: str | Sequence[str] | None = None,
     ) -> None:
-        super().__init__(node_group, where)
-        self._ranks_list = _checked_ranks_list(hardware_ranks_list, where)
+        where = type(self).__name__
+        super().__init__(_labels(node_group_label, self._default_group()), where)
+        checked = _checked_ranks_list(hardware_ranks_list, where)
+        self._ranks_list = sorted((tuple(sorted(ranks)) for ranks in checked), key=lambda ranks: ranks[0])
+
+    @staticmethod
+    def _default_group() -> str:
+        return CLUSTER_GROUP
 
     @classmethod
-    def _trusted(
-        cls, ranks_list: list[tuple[int, ...]], node_group: tuple[str, ...], where: str
+    def from_checked_ranks(
+        cls, ranks_list: list[tuple[int, ...]], node_groups: tuple[str, ...], where: str
     ) -> FlexiblePlacementStrategy:
-        """A strategy from ranks the mapping stage already checked (skips re-validation)."""
+        """A strategy from ranks the mapping stage already checked and ordered (no re-validation;
+        ``where`` names the config entry in later errors)."""
         strategy = cls.__new__(cls)
-        PlacementStrategy.__init__(strategy, node_group, where)
+        PlacementStrategy.__init__(strategy, node_groups, where)
         strategy._ranks_list = ranks_list
         return strategy
 
@@ -154,27 +170,33 @@ def _is_sequence(value: object) -> bool:
 
 
 class NodePlacementStrategy(FlexiblePlacementStrategy):
-    """Process ``i`` runs on node ``node_ranks[i]`` of ``node_group`` (for the reserved ``node``
-    group these are cluster node ranks). Repeat a node to run several processes on it."""
+    """Process ``i`` runs on node ``sorted(node_ranks)[i]``: without a label, a cluster node rank;
+    with ``node_group_label``, a rank among the nodes of those groups (as in RLinf). Repeat a node
+    to run several processes on it."""
 
     as_nodes = True
 
     def __init__(
-        self,
-        node_ranks: Sequence[int],
-        node_group: str | Sequence[str] = NODE_GROUP,
-        where: str = "NodePlacementStrategy",
+        self, node_ranks: Sequence[int], node_group_label: str | Sequence[str] | None = None
     ) -> None:
         if not _is_sequence(node_ranks):
-            raise PlacementError(f"node ranks {node_ranks!r}", where=where, expected="a list of node ranks")
-        super().__init__([(rank,) for rank in node_ranks], node_group, where)
+            raise PlacementError(
+                f"node ranks {node_ranks!r}", where=type(self).__name__, expected="a list of node ranks"
+            )
+        super().__init__([(rank,) for rank in node_ranks], node_group_label)
+
+    @staticmethod
+    def _default_group() -> str:
+        return NODE_GROUP
 
 
 class PackedPlacementStrategy(FlexiblePlacementStrategy):
-    """Devices ``start..end`` cut into chunks of ``num_hardware_per_process``.
+    """Devices ``start..end`` of ``node_group`` (default: the whole cluster's accelerators) cut
+    into chunks of ``num_hardware_per_process``.
 
     With ``stride`` s > 1, each block of ``num * s`` consecutive devices holds s processes that
-    interleave: process j of a block gets devices ``base + j, base + j + s, …``.
+    interleave: process j of a block gets devices ``base + j, base + j + s, …``. A chunk never
+    straddles two nodes (RLinf hands out a device past the node's end there).
     """
 
     def __init__(
@@ -183,9 +205,9 @@ class PackedPlacementStrategy(FlexiblePlacementStrategy):
         end_hardware_rank: int,
         num_hardware_per_process: int = 1,
         stride: int = 1,
-        node_group: str | Sequence[str] = CLUSTER_GROUP,
-        where: str = "PackedPlacementStrategy",
+        node_group: str | Sequence[str] | None = None,
     ) -> None:
+        where = type(self).__name__
         for name, value, minimum in (
             ("start_hardware_rank", start_hardware_rank, 0),
             ("end_hardware_rank", end_hardware_rank, 0),
@@ -213,7 +235,7 @@ class PackedPlacementStrategy(FlexiblePlacementStrategy):
             for base in range(start_hardware_rank, end_hardware_rank + 1, block)
             for offset in range(stride)
         ]
-        super().__init__(ranks_list, node_group, where)
+        super().__init__(ranks_list, node_group)
 
 
 def build_placements(
@@ -234,7 +256,7 @@ def _build(
     isolate_accelerator: bool,
     where: str,
 ) -> list[Placement]:
-    node_of, local_of, group_of = pool.node_of, pool.local_of, pool.group_of
+    node_of, group_of, kind_of = pool.node_of, pool.group_of, pool.kind_of
     _check_resources(pool, process_resources, where)
     nodes = [node_of[resources[0]] for resources in process_resources]
     per_node_count: dict[int, int] = {}
@@ -249,49 +271,71 @@ def _build(
         per_node_count[node] = count + 1
 
     world_size = len(process_resources)
-    isolate = isolate_accelerator and pool.is_accelerator
-    is_node = pool.is_node
-    kind = pool.kind
-    visible_cache: dict[tuple[int, ...], tuple[tuple[int, ...], str | None]] = {}
-    make = tuple.__new__
+    local_of, node_specs, accelerator_kinds = pool.local_of, pool.nodes, pool.accelerator_kinds
+    # Thousands of processes share a few dozen distinct device answers: compute each once.
+    devices: dict[tuple[str, int, str, tuple[int, ...]], tuple[str | None, int, tuple[str, ...]]] = {}
     placements: list[Placement] = []
     append = placements.append
     for rank, resources in enumerate(process_resources):
-        local = visible_cache.get(resources)
-        if local is None:
-            local_ids = () if is_node else tuple(local_of[r] for r in resources)
-            local = (local_ids, ",".join(map(str, local_ids)) if isolate else None)
-            visible_cache[resources] = local
         node = nodes[rank]
+        first = resources[0]
+        kind = kind_of[first]
+        if kind == NODE_KIND:
+            local_ids: tuple[int, ...] = ()
+        elif len(resources) == 1:
+            local_ids = (local_of[first],)
+        else:
+            local_ids = tuple(local_of[r] for r in resources)
+        spec = node_specs[node]
+        key = (kind, spec.num_accelerators, spec.accelerator_type, local_ids)
+        found = devices.get(key)
+        if found is None:
+            isolated = isolate_accelerator and kind in accelerator_kinds
+            found = devices[key] = _visible(spec, local_ids, isolated)
+        accelerator_type, local_accelerator_rank, visible = found
         append(
-            make(
-                Placement,
-                (
-                    rank,
-                    world_size,
-                    node,
-                    node_order[node],
-                    local_ranks[rank],
-                    per_node_count[node],
-                    kind,
-                    resources,
-                    local[0],
-                    local[1],
-                    group_of[resources[0]],
-                ),
+            Placement(
+                rank=rank,
+                world_size=world_size,
+                cluster_node_rank=node,
+                placement_node_rank=node_order[node],
+                local_rank=local_ranks[rank],
+                local_world_size=per_node_count[node],
+                accelerator_type=accelerator_type,
+                local_accelerator_rank=local_accelerator_rank,
+                visible_accelerators=list(visible),
+                isolate_accelerator=isolate_accelerator,
+                hardware_type=kind,
+                hardware_ranks=list(resources),
+                local_hardware_ranks=list(local_ids),
+                node_group_label=group_of[first],
             )
         )
     return placements
 
 
+def _visible(
+    node: NodeSpec, local_ids: tuple[int, ...], isolated: bool
+) -> tuple[str | None, int, tuple[str, ...]]:
+    """The node's accelerator type, and the accelerators a process sees with their first (-1 for
+    none): its own when it is isolated on accelerators, else all of its node's, as in RLinf."""
+    accelerator_type = node.accelerator_type if node.num_accelerators else None
+    shown = local_ids if isolated else tuple(range(node.num_accelerators))
+    return accelerator_type, shown[0] if shown else -1, tuple(map(str, shown))
+
+
 def _check_resources(pool: ResourcePool, process_resources: Sequence[tuple[int, ...]], where: str) -> None:
     """Every resource exists and each process's resources share one node."""
-    node_of, size = pool.node_of, pool.size
+    node_of, kind_of, size = pool.node_of, pool.kind_of, pool.size
     for rank, resources in enumerate(process_resources):
         if len(resources) == 1:
             if resources[0] < size:
                 continue
-        elif max(resources) < size and len({node_of[r] for r in resources}) == 1:
+        elif (
+            max(resources) < size
+            and len({node_of[r] for r in resources}) == 1
+            and len({kind_of[r] for r in resources}) == 1
+        ):
             continue
         missing = [r for r in resources if r >= size]
         if missing:
@@ -301,6 +345,13 @@ def _check_resources(pool: ResourcePool, process_resources: Sequence[tuple[int, 
                 expected=f"{pool.kind} ranks within 0-{size - 1}",
             )
         spanned = sorted({node_of[r] for r in resources})
+        if len(spanned) == 1:
+            raise PlacementError(
+                f"process {rank} would own resources of different kinds "
+                f"({', '.join(sorted({kind_of[r] for r in resources}))})",
+                where=where,
+                expected="the resources of one process of one kind",
+            )
         raise PlacementError(
             f"process {rank} would span nodes {spanned[0]} and {spanned[1]} "
             f"({pool.kind}s {short_ranks(sorted(resources))})",

@@ -16,6 +16,7 @@ _EXPORTS = {
     "RankFailure": "rlinfra.runtime.errors",
     "ReservationError": "rlinfra.runtime.layout",
     "Worker": "rlinfra.runtime.worker",
+    "WorkerAddress": "rlinfra.runtime.address",
     "WorkerGroup": "rlinfra.runtime.group",
     "WorkerGroupError": "rlinfra.runtime.errors",
     "fuse": "rlinfra.runtime.fused",

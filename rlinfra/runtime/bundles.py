@@ -8,8 +8,11 @@ component placements alone — no second source of truth:
   since Ray hands out device instances in bundle order on a node;
 * processes that share a device reserve ``1/users`` of it, where ``users`` counts the processes
   of *all* components on that device (trainer + rollout colocated on a GPU: 0.5 each) — the
-  fractions follow the placement instead of being hard-coded;
+  fractions follow the placement instead of being hard-coded (see ``reservable`` for Ray's
+  rounding rules);
 * processes placed on whole nodes share one CPU bundle per node;
+* CPUs: a component's ``num_cpus`` per process, or by default one CPU per device and one per
+  node, shared the same way (``plan_layout``);
 * a component's slice is the bundle ranges it uses: colocated components share bundles,
   disaggregated ones use disjoint bundles, and one job may mix both;
 * topology constraints (``rlinfra.placement.constraints``) add each process's custom resources
@@ -18,6 +21,7 @@ component placements alone — no second source of truth:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +29,8 @@ from rlinfra.placement.constraints import Constraints
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 
 MIN_BUNDLE_CPU = 0.001  # Ray rejects empty bundles; a token CPU reservation keeps one valid.
+_RESOLUTION = 10_000  # Ray's fixed-point step for resource amounts
+_EPSILON = 1e-9  # 1/3 * 3 must count as 1, not 0.9999999
 NODE_KIND = "node"
 
 
@@ -101,26 +107,32 @@ class _DisjointSets:
 
 def plan_layout(
     placements: Mapping[str, Sequence[Placement]],
-    num_cpus: float | Mapping[str, float] = 1.0,
+    num_cpus: float | Mapping[str, float | None] | None = None,
     node_resources: Mapping[int, Mapping[str, float]] | None = None,
     constraints: Mapping[str, Sequence[Constraints]] | None = None,
 ) -> LayoutPlan:
     """The layout of ``placements`` (component → its placements) in one placement group.
 
-    ``num_cpus`` is per worker, for all components or per component. ``node_resources`` (node
-    rank → Ray resources) lets custom hardware such as robots be reserved where a node advertises
-    a Ray resource of that name; otherwise only their CPUs are. ``constraints`` (component → one
-    per rank) add custom resources and node labels.
+    ``num_cpus`` is CPUs per worker, for all components or per component; None (for all, or for
+    one component) applies the default rule: one CPU per device, shared like the device (a worker
+    alone on a GPU reserves 1 CPU, two colocated on it 0.5 each), and one CPU per node shared by
+    the processes placed on that whole node (the seed's 512 agent processes reserve 1 CPU per
+    node, not 512). ``node_resources`` (node rank → Ray resources) lets custom hardware such as
+    robots be reserved where a node advertises a Ray resource of that name; otherwise only their
+    CPUs are. ``constraints`` (component → one per rank) add custom resources and node labels.
     """
     node_resources = node_resources or {}
     constraints = constraints or {}
-    cpus = {name: num_cpus[name] if isinstance(num_cpus, Mapping) else num_cpus for name in placements}
+    cpus = {name: num_cpus.get(name) if isinstance(num_cpus, Mapping) else num_cpus for name in placements}
 
     sets = _DisjointSets()
     users: dict[Device, int] = {}
+    node_users: dict[int, int] = {}
     for component_placements in placements.values():
         for placement in component_placements:
             devices = _devices(placement)
+            if not devices:
+                node_users[placement.cluster_node_rank] = node_users.get(placement.cluster_node_rank, 0) + 1
             for device in devices:
                 users[device] = users.get(device, 0) + 1
                 sets.union(device, devices[0])
@@ -133,11 +145,7 @@ def plan_layout(
     key_of_root = {
         root: (root[0], 0, root[1], tuple(index for _, _, index in group)) for root, group in members.items()
     }
-    keys = set(key_of_root.values())
-    for component_placements in placements.values():
-        for placement in component_placements:
-            if placement.hardware_type == NODE_KIND:
-                keys.add((placement.cluster_node_rank, 1, NODE_KIND, ()))
+    keys = set(key_of_root.values()) | {(node, 1, NODE_KIND, ()) for node in node_users}
     ordered = sorted(keys)
     index_of = {key: index for index, key in enumerate(ordered)}
 
@@ -152,16 +160,17 @@ def plan_layout(
             devices = _devices(placement)
             if not devices:
                 index = index_of[(node, 1, NODE_KIND, ())]
-                device_share = 0.0
+                users_share = 1 / node_users[node]
             else:
                 index = index_of[key_of_root[sets.find(devices[0])]]
-                device_share = sum(1 / users[device] for device in devices)
-            bundles[index]["CPU"] += cpus[name]
+                users_share = sum(1 / users[device] for device in devices)
+            cpu = reservable(users_share) if cpus[name] is None else cpus[name]
+            bundles[index]["CPU"] = round(bundles[index]["CPU"] + cpu, 4)
             reserved = kind in VISIBILITY_ENV or kind in node_resources.get(node, {})
             if devices and reserved:
                 bundles[index][kind] = float(len(ordered[index][3]))
-            share = device_share if reserved else 0.0
-            row = _reservation(name, index, cpus[name], kind, share, placement)
+            share = reservable(users_share) if devices and reserved else 0.0
+            row = _reservation(index, cpu, kind, share)
             if per_rank is not None and per_rank[rank]:
                 row = _constrained(row, per_rank[rank], bundles[index], labels[index], name, rank)
             rows.append(row)
@@ -170,6 +179,21 @@ def plan_layout(
         bundle["CPU"] = max(bundle["CPU"], MIN_BUNDLE_CPU)
     nodes, devices = [key[0] for key in ordered], [key[3] for key in ordered]
     return LayoutPlan(bundles, nodes, devices, reservations, labels)
+
+
+def reservable(share: float) -> float:
+    """The amount of a shared resource one process may ask Ray for, given its exact share.
+
+    Ray counts resources in steps of 1/10,000 and accepts a fraction only below 1, so a share is
+    rounded *down* (seven processes on one GPU ask 0.1428 each: rounding to nearest, 0.1429, would
+    add up to 1.0003 and the seventh could never be scheduled), and a share above 1 keeps its whole
+    part: a process owning GPU 1 and a fifth of GPU 0 (``reward_server: 0-1:0`` beside four
+    components on GPU 0) asks 1, not 1.2. Its bundle still holds every device whole, so no other
+    Ray user can take them; only the split inside the bundle is approximate.
+    """
+    if share > 1:
+        return float(math.floor(share + _EPSILON))
+    return math.floor(share * _RESOLUTION + _EPSILON) / _RESOLUTION
 
 
 def _constrained(
@@ -204,15 +228,7 @@ def _devices(placement: Placement) -> list[Device]:
     return [(node, kind, index) for index in placement.local_hardware_ranks]
 
 
-def _reservation(
-    component: str, index: int, num_cpus: float, kind: str, device_share: float, placement: Placement
-) -> ActorReservation:
-    share = round(device_share, 4)  # Ray's resource precision
-    if share > 1 and share != int(share):
-        raise ValueError(
-            f"component {component!r}: rank {placement.rank} would reserve {share:g} {kind}s: Ray "
-            f"cannot reserve a fraction above 1; give each device it shares the same number of processes"
-        )
+def _reservation(index: int, num_cpus: float, kind: str, share: float) -> ActorReservation:
     if kind == "GPU":
         return ActorReservation(index, num_cpus, share)
     return ActorReservation(index, num_cpus, 0.0, {kind: share} if share else {})
@@ -220,7 +236,7 @@ def _reservation(
 
 def plan_bundles(
     placements: Sequence[Placement],
-    num_cpus: float = 1.0,
+    num_cpus: float | None = None,
     node_resources: Mapping[int, Mapping[str, float]] | None = None,
     constraints: Sequence[Constraints] | None = None,
 ) -> LayoutPlan:

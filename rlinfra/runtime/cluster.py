@@ -12,19 +12,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import ray
 
-from rlinfra.placement.cluster_spec import ClusterSpec, NodeSpec, parse_nodes_spec
-from rlinfra.placement.config_access import as_mapping, require_int, to_plain
+from rlinfra.placement.cluster_spec import ClusterSpec
+from rlinfra.placement.config import ClusterConfig, parse_cluster_config
+from rlinfra.placement.config_access import as_mapping
+from rlinfra.placement.node_groups import NodeSpec
 from rlinfra.runtime.discovery import RayNode, rank_nodes
-from rlinfra.runtime.embedded import DEFAULT_SIMULATED_CPUS, EmbeddedRay
+from rlinfra.runtime.embedded import EmbeddedRay
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.ledger import resource_diff
-
-DEFAULT_NODE_TIMEOUT_S = 60.0
 
 
 class Cluster:
@@ -41,33 +40,22 @@ class Cluster:
     def __init__(self, cluster_cfg: Any = None, **overrides: Any) -> None:
         section = as_mapping(cluster_cfg if cluster_cfg is not None else {"num_nodes": 1})
         section.update({key: value for key, value in overrides.items() if value is not None})
-        self._cfg = section
-        self.num_nodes = require_int(section.get("num_nodes", 1), "cluster.num_nodes", minimum=1)
+        self.config: ClusterConfig = parse_cluster_config(section)
+        self.num_nodes = self.config.num_nodes
         self._embedded: EmbeddedRay | None = None
         self._connected_here = False
-        address = section.get("address") or os.environ.get("RAY_ADDRESS")
-        simulate = section.get("simulate")
+        config = self.config
+        address = config.address or os.environ.get("RAY_ADDRESS")
         if ray.is_initialized():
             pass  # the caller's Ray: use it, never stop it
-        elif simulate is not None and not section.get("address"):
-            counts = parse_nodes_spec(simulate, where="cluster.simulate")
-            if len(counts) != self.num_nodes:
-                raise ClusterError(
-                    f"cluster.simulate describes {len(counts)} nodes but cluster.num_nodes is "
-                    f"{self.num_nodes}; make them agree"
-                )
-            cpus = require_int(
-                section.get("simulate_cpus", DEFAULT_SIMULATED_CPUS), "cluster.simulate_cpus", minimum=1
-            )
-            store_mib = section.get("simulate_object_store_mib")
-            if store_mib is not None:
-                store_mib = require_int(store_mib, "cluster.simulate_object_store_mib", minimum=64)
+        elif config.simulate is not None and not config.address:
+            store_mib = config.simulate_object_store_mib
             self._embedded = EmbeddedRay.start_simulated(
-                counts,
-                cpus_per_node=cpus,
+                list(config.simulate),
+                cpus_per_node=config.simulate_cpus,
                 object_store_bytes=store_mib * 2**20 if store_mib else None,
-                resources_per_node=_per_node(section, "simulate_resources", len(counts)),
-                labels_per_node=_per_node(section, "simulate_labels", len(counts)),
+                resources_per_node=_listed(config.simulate_resources),
+                labels_per_node=_listed(config.simulate_labels),
             )
         elif address:
             ray.init(address=address, logging_level="warning")
@@ -75,11 +63,9 @@ class Cluster:
         else:
             self._embedded = EmbeddedRay.start_local()
         try:
-            timeout = float(section.get("node_timeout", DEFAULT_NODE_TIMEOUT_S))
-            self.nodes: list[RayNode] = self._wait_for_nodes(timeout)
+            self.nodes: list[RayNode] = self._wait_for_nodes(config.node_timeout)
             self.spec = ClusterSpec.build(
-                [NodeSpec(node.rank, node.accelerator[1], node.accelerator[0]) for node in self.nodes],
-                section,
+                [NodeSpec(node.rank, node.accelerator[1], node.accelerator[0]) for node in self.nodes], config
             )
         except BaseException:
             self.shutdown()
@@ -162,15 +148,10 @@ class Cluster:
         return f"Cluster({kind}: {self.spec.describe()})"
 
     @property
-    def config(self) -> Mapping[str, Any]:
-        return self._cfg
+    def num_accelerators(self) -> int:
+        """Accelerators on this cluster's nodes, all types together (RLinf's name)."""
+        return self.spec.num_accelerators
 
 
-def _per_node(section: Mapping[str, Any], key: str, num_nodes: int) -> list[dict[str, Any]] | None:
-    """``cluster.simulate_resources`` / ``simulate_labels``: a list with one mapping per node."""
-    raw = to_plain(section.get(key))
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or len(raw) != num_nodes:
-        raise ClusterError(f"cluster.{key} must list one mapping per simulated node ({num_nodes})")
-    return [dict(as_mapping(entry or {}, f"cluster.{key}[{index}]")) for index, entry in enumerate(raw)]
+def _listed(per_node: tuple[Any, ...] | None) -> list[dict[str, Any]] | None:
+    return None if per_node is None else [dict(entry) for entry in per_node]

@@ -14,13 +14,11 @@ from typing import Any
 
 import ray
 
+from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS
 from rlinfra.runtime.discovery import NODE_RANK_LABEL
 
 # A dead raylet is declared dead after period x threshold (~1.5 s) instead of Ray's 3 s x 5.
 HEALTH_CHECK_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
-
-# Logical CPUs for each simulated node: enough for a few workers each, independent of this host.
-DEFAULT_SIMULATED_CPUS = 16
 
 
 class EmbeddedRay:

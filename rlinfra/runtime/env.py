@@ -33,7 +33,6 @@ from types import MappingProxyType
 from typing import Any
 
 from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.config_access import to_plain
 from rlinfra.placement.env_vars import (
     NO_ENV_VARS,
     PATH_VARIABLES,
@@ -43,7 +42,6 @@ from rlinfra.placement.env_vars import (
     merge_paths,
     refuse_credential,
 )
-from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.record import Placement
 
 CLASS_DEFAULTS = "class defaults"
@@ -154,19 +152,9 @@ def class_defaults_layer(worker_cls: type | None) -> EnvLayer:
     return EnvLayer(CLASS_DEFAULTS, defaults)
 
 
-def parse_allowlist(cluster_cfg: Any) -> tuple[str, ...]:
-    """``DEFAULT_ALLOWLIST`` plus ``cluster.env_allowlist`` (a list of names or shell patterns)."""
-    section = to_plain(cluster_cfg)
-    extra = to_plain(section.get("env_allowlist")) if isinstance(section, Mapping) else None
-    if extra is None:
-        return DEFAULT_ALLOWLIST
-    if not isinstance(extra, list) or not all(isinstance(item, str) and item.strip() for item in extra):
-        raise PlacementError(
-            "expected a list of variable names",
-            where="cluster.env_allowlist",
-            expected="e.g. [WANDB_PROJECT, 'MY_*']",
-        )
-    return DEFAULT_ALLOWLIST + tuple(item.strip() for item in extra)
+def driver_allowlist(extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """``DEFAULT_ALLOWLIST`` plus the names or shell patterns of ``cluster.env_allowlist``."""
+    return DEFAULT_ALLOWLIST + tuple(extra)
 
 
 def driver_layer(environ: Mapping[str, str], allowlist: Sequence[str]) -> tuple[EnvLayer, tuple[str, ...]]:
@@ -279,8 +267,8 @@ __all__ = [
     "WorkerEnvs",
     "compose_env",
     "credential_reason",
+    "driver_allowlist",
     "looks_like_secret",
     "merge_paths",
-    "parse_allowlist",
     "resolve_worker_env",
 ]

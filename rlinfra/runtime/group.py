@@ -26,17 +26,19 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlinfra.placement.cluster_spec import ClusterSpec
 from rlinfra.placement.constraints import process_constraints
 from rlinfra.placement.env_vars import EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
-from rlinfra.placement.strategies import PlacementStrategy
+from rlinfra.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
 from rlinfra.runtime.calls import GroupCall, concat_chunks, split_batch
 from rlinfra.runtime.cluster import Cluster
-from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, parse_allowlist
+from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, driver_allowlist
 from rlinfra.runtime.errors import ClusterError
-from rlinfra.runtime.layout import Layout, node_resources, reserve, reserved_bundle_nodes
-from rlinfra.runtime.secrets import SecretsChannel, parse_secrets, publish_secrets
+from rlinfra.runtime.executable import worker_runtime_envs
+from rlinfra.runtime.layout import Layout, cpus_per_process, node_resources, reserve, reserved_bundle_nodes
+from rlinfra.runtime.secrets import SecretsChannel, publish_secrets
 from rlinfra.runtime.topology import BundleNode, bundle_report
 from rlinfra.runtime.worker import WorkerContext, hosted_class
 
@@ -69,10 +71,10 @@ class WorkerGroup:
     def launch(
         self,
         cluster: Cluster,
-        placement_strategy: PlacementStrategy,
+        placement_strategy: PlacementStrategy | None = None,
         name: str | None = None,
         *,
-        num_cpus: float = 1.0,
+        num_cpus: float | None = None,
         isolate_accelerator: bool = True,
         layout: Layout | None = None,
         launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S,
@@ -91,39 +93,48 @@ class WorkerGroup:
         and from the strategy (``ComponentPlacement`` puts the component's ``env_vars`` and
         ``constraints`` on it). ``max_concurrency > 1`` runs each worker's methods in that many
         threads, e.g. so that a rollout worker keeps generating while new weights are staged into it.
+
+        Without ``placement_strategy`` the group takes RLinf's default: one process per accelerator
+        of the cluster, or one process on node 0 when there are none. ``num_cpus`` (CPUs per
+        process) defaults to the component's ``num_cpus`` in the YAML, else to the rule of
+        ``rlinfra.runtime.bundles.plan_layout``; a value that contradicts the config or the
+        layout is refused.
         """
         if self.actors:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
+        if placement_strategy is None:
+            placement_strategy = default_strategy(cluster)
         self.name = name or self.name
         self.call_timeout = call_timeout
         self.max_concurrency = max_concurrency
         self._cluster = cluster
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
+        cpus = cpus_per_process(self.name, num_cpus, placement_strategy.num_cpus)
         deadline = time.monotonic() + launch_timeout
         # Configuration mistakes (credential-like env values, unreadable secrets) fail here,
         # before anything is reserved or started.
         envs = self._worker_envs(cluster, placement_strategy.env_vars)
         try:
-            self._secrets = publish_secrets(parse_secrets(cluster.config))
+            self._secrets = publish_secrets(cluster.config.secrets)
+            # python_interpreter_path and profiling: each command checked on its node before
+            # anything is reserved (a bad interpreter would otherwise be retried by Ray forever).
+            runtime_envs = worker_runtime_envs(cluster, self.name, self.placements)
             if layout is None:
+                groups = {label: group.constraints for label, group in cluster.spec.node_groups.items()}
                 constraints = {
-                    self.name: process_constraints(
-                        self.placements, placement_strategy.constraints, cluster.spec.node_groups
-                    )
+                    self.name: process_constraints(self.placements, placement_strategy.constraints, groups)
                 }
-                plan = plan_layout(
-                    {self.name: self.placements}, num_cpus, node_resources(cluster), constraints
-                )
+                plan = plan_layout({self.name: self.placements}, cpus, node_resources(cluster), constraints)
                 what = f"worker group {self.name!r}"
                 self._own_pg = reserve(plan, cluster, launch_timeout, what, constraints)
                 pg, reservations = self._own_pg, plan.reservations[self.name]
                 self._plan = (plan, self.name)
             else:
-                pg, reservations = layout.slot(self.name, self.placements)
+                pg, reservations = layout.slot(self.name, self.placements, cpus)
                 self._plan = (layout.plan, self.name)
             self._pg = pg
             self._check_bundle_nodes()
-            self._start_actors(pg, reservations, isolate_accelerator, envs)
+            self._start_actors(pg, reservations, envs, runtime_envs, cluster.spec)
             self.worker_info = self._await_ready(deadline)
             self._check_ray_device_ids()
             self._publish_master_address(deadline)
@@ -138,7 +149,7 @@ class WorkerGroup:
             worker_cls=self.worker_cls,
             component_env=component_env,
             component=self.name,
-            allowlist=parse_allowlist(cluster.config),
+            allowlist=driver_allowlist(cluster.config.env_allowlist),
         )
         return [envs.of(placement) for placement in self.placements]
 
@@ -146,18 +157,22 @@ class WorkerGroup:
         self,
         pg: PlacementGroup,
         reservations: list[ActorReservation],
-        isolate: bool,
         envs: list[ResolvedEnv],
+        runtime_envs: list[dict[str, Any] | None],
+        spec: ClusterSpec,
     ) -> None:
         actor_cls = ray.remote(hosted_class(self.worker_cls))
-        for placement, reservation, env in zip(self.placements, reservations, envs, strict=True):
+        for placement, reservation, env, runtime_env in zip(
+            self.placements, reservations, envs, runtime_envs, strict=True
+        ):
             context = WorkerContext(
                 self.name,
                 placement,
                 dict(env.values),
-                unset_env=() if isolate else tuple(VISIBILITY_ENV.values()),
+                unset_env=() if placement.is_isolated else tuple(VISIBILITY_ENV.values()),
                 merge_env=env.merge_with_inherited,
                 secrets=self._secrets,
+                hardware=spec.hardware_units(placement),
             )
             options: dict[str, Any] = {
                 "name": f"{self.name}:{placement.rank}",
@@ -171,7 +186,17 @@ class WorkerGroup:
             }
             if reservation.resources:
                 options["resources"] = dict(reservation.resources)
+            if runtime_env is not None:
+                options["runtime_env"] = runtime_env
             self.actors.append(actor_cls.options(**options).remote(context, *self._args, **self._kwargs))
+
+    @property
+    def reservations(self) -> list[ActorReservation]:
+        """What each rank asked Ray for (bundle, CPUs, GPUs, other resources), in rank order."""
+        if self._plan is None:
+            raise RuntimeError(f"worker group {self.name!r} is not launched (call .launch first)")
+        plan, component = self._plan
+        return list(plan.reservations[component])
 
     def bundle_report(self) -> list[BundleNode]:
         """Rank → bundle → node: as planned, and as Ray reports it (``placement_group_table``)."""
@@ -247,9 +272,17 @@ class WorkerGroup:
         """All ranks, calling role ``name`` of a fused worker: ``group.role("ref").score(x)``."""
         return WorkerGroupView(self, None).role(name)
 
-    def execute_on(self, ranks: int | Sequence[int]) -> WorkerGroupView:
-        """A view of some ranks: ``group.execute_on([0, 2]).method(x).wait()``."""
-        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+    def execute_on(self, *ranks: int) -> WorkerGroupView:
+        """A view of some ranks, given as separate arguments as in RLinf:
+        ``group.execute_on(0, 2).method(x).wait()``. Unlike RLinf's, the group itself is not
+        changed: the view is what calls those ranks, so a later ``group.method()`` still reaches
+        every rank."""
+        chosen = list(ranks)
+        if any(isinstance(rank, bool) or not isinstance(rank, int) for rank in chosen):
+            raise TypeError(
+                f"worker group {self.name!r}: execute_on takes ranks as separate ints, e.g. "
+                f"execute_on(0, 2); got {chosen!r}"
+            )
         bad = [rank for rank in chosen if not 0 <= rank < len(self.actors)]
         if bad or not chosen:
             raise ValueError(
@@ -304,6 +337,13 @@ class WorkerGroup:
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, world_size={self.world_size}, launched={bool(self.actors)})"
+
+
+def default_strategy(cluster: Cluster) -> PlacementStrategy:
+    """RLinf's default placement: one process per accelerator of the cluster, else one on node 0."""
+    if cluster.num_accelerators > 0:
+        return PackedPlacementStrategy(0, cluster.num_accelerators - 1)
+    return NodePlacementStrategy([0])
 
 
 class WorkerGroupView:

@@ -42,7 +42,7 @@ class Layout:
         placement: Any,
         components: Sequence[str] | None = None,
         *,
-        num_cpus: float | Mapping[str, float] = 1.0,
+        num_cpus: float | Mapping[str, float] | None = None,
         isolate_accelerator: bool = True,
         timeout: float = DEFAULT_RESERVE_TIMEOUT_S,
     ) -> None:
@@ -53,17 +53,24 @@ class Layout:
         self.constraints: dict[str, list[Constraints]] = {
             name: placement.get_process_constraints(name) for name in names
         }
+        self.num_cpus: dict[str, float | None] = {
+            name: cpus_per_process(name, _given(num_cpus, name), placement.get_num_cpus(name))
+            for name in names
+        }
         self.plan: LayoutPlan = plan_layout(
-            self.placements, num_cpus, node_resources(cluster), self.constraints
+            self.placements, self.num_cpus, node_resources(cluster), self.constraints
         )
         self._cluster = cluster
         self.pg: PlacementGroup | None = reserve(
             self.plan, cluster, timeout, "layout " + ",".join(names), self.constraints
         )
 
-    def slot(self, component: str, placements: Sequence[Placement]) -> tuple[Any, list[ActorReservation]]:
+    def slot(
+        self, component: str, placements: Sequence[Placement], num_cpus: float | None = None
+    ) -> tuple[Any, list[ActorReservation]]:
         """The placement group and reservations for ``component``, checking that the group being
-        launched has exactly the placements this layout was planned for."""
+        launched has exactly the placements (and, when given, the CPUs per process) this layout
+        was planned for."""
         if self.pg is None:
             raise ClusterError("this layout was released; create a new one")
         if component not in self.placements:
@@ -74,6 +81,13 @@ class Layout:
             raise ClusterError(
                 f"component {component!r} is launched with other placements than the layout planned "
                 f"(e.g. another strategy or isolate_accelerator setting)"
+            )
+        planned = self.num_cpus[component]
+        if num_cpus is not None and num_cpus != planned:
+            raise ClusterError(
+                f"component {component!r} is launched with num_cpus={num_cpus:g}, but the layout "
+                f"reserved {'the default rule' if planned is None else f'num_cpus={planned:g}'}; "
+                "pass num_cpus to Layout instead"
             )
         return self.pg, self.plan.reservations[component]
 
@@ -102,6 +116,22 @@ def node_resources(cluster: Cluster) -> dict[int, Mapping[str, float]]:
     return {node.rank: node.resources for node in cluster.nodes}
 
 
+def cpus_per_process(component: str, given: float | None, configured: float | None) -> float | None:
+    """The CPUs each process of ``component`` reserves: what the code passed, else the YAML's
+    ``num_cpus``, else None (the default rule). Two different values are refused, so neither is
+    silently ignored."""
+    if given is not None and configured is not None and given != configured:
+        raise ClusterError(
+            f"component {component!r}: num_cpus={given:g} is passed in code but the config says "
+            f"num_cpus: {configured:g}; give it in one place"
+        )
+    return given if given is not None else configured
+
+
+def _given(num_cpus: float | Mapping[str, float] | None, component: str) -> float | None:
+    return num_cpus.get(component) if isinstance(num_cpus, Mapping) else num_cpus
+
+
 def reserve(
     plan: LayoutPlan,
     cluster: Cluster,
@@ -111,13 +141,15 @@ def reserve(
 ) -> PlacementGroup:
     """Create the placement group with every bundle pinned to its node, and wait for it.
 
-    Ray waits forever for a feasible-but-busy reservation, and for a custom resource or node
-    label no node has. The latter fail at once (``TopologyError``, from the nodes' totals and
-    labels); the former give up at ``timeout``, remove the request and raise
+    Ray waits forever for a feasible-but-busy reservation, for more than a node has in all, and
+    for a custom resource or node label no node has. The last two fail at once
+    (``ReservationError`` from ``check_capacity``, ``TopologyError``, from the nodes' totals and
+    labels); a busy reservation gives up at ``timeout``, removes the request and raises
     ``ReservationError`` naming what each node lacks and the constraints in force.
     """
     if constraints:
         check_constraints(plan, constraints, cluster.nodes)
+    check_capacity(plan, cluster, what)
     labels = plan.bundle_labels or [{} for _ in plan.bundles]
     selectors = [
         {**extra, NODE_ID_LABEL: cluster.node(node).node_id}
@@ -136,6 +168,30 @@ def reserve(
             )
         raise ReservationError(message)
     return pg
+
+
+def check_capacity(plan: LayoutPlan, cluster: Cluster, what: str) -> None:
+    """Refuse at once what no waiting could give: more CPUs, GPUs or other resources on a node
+    than the node has in total (bundles are pinned to their nodes, so this covers the cluster's
+    total too). Resources Ray does not track on any node (robots without a Ray resource) are
+    only counted through their CPUs."""
+    short = []
+    for node, wanted in sorted(plan.per_node().items()):
+        totals = cluster.node(node).resources
+        for name, amount in sorted(wanted.items()):
+            have = totals.get(name, 0.0)
+            if amount > have + 1e-9:
+                short.append(
+                    f"node {node}: {name}={amount:g} requested, {have:g} in total "
+                    f"(short by {amount - have:g})"
+                )
+    if short:
+        raise ReservationError(
+            f"{what}: the reservation can never fit, whatever else finishes:\n    "
+            + "\n    ".join(short)
+            + "\n  lower num_cpus for the components on those nodes (see `rlinfra plan --cpus`), "
+            "or use larger nodes"
+        )
 
 
 def reserved_bundle_nodes(pg: PlacementGroup | None) -> dict[int, str]:

@@ -20,36 +20,16 @@ Error messages name secrets and where they come from, never their values.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlinfra.placement.config_access import as_mapping, reject_unknown_keys, require_str, to_plain
-from rlinfra.placement.errors import PlacementError
-
-_FIELDS = ("from_env", "from_file", "expose_as_env")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+from rlinfra.placement.secret_specs import SecretSpec
 
 
 class SecretError(ValueError):
     """A configured secret cannot be read on the driver (unset variable, unreadable file)."""
-
-
-@dataclass(frozen=True)
-class SecretSpec:
-    """Where one secret comes from: ``from_env`` (a driver variable) or ``from_file`` (a path on
-    the driver's machine); ``expose_as_env`` also sets it in the worker process's environment."""
-
-    name: str
-    from_env: str | None = None
-    from_file: str | None = None
-    expose_as_env: bool = False
-
-    def describe(self) -> str:
-        origin = f"from_env {self.from_env}" if self.from_env else f"from_file {self.from_file}"
-        return origin + (", exposed as env" if self.expose_as_env else "")
 
 
 @dataclass(frozen=True)
@@ -63,36 +43,6 @@ class SecretsChannel:
 
     def __repr__(self) -> str:
         return f"SecretsChannel(names={list(self.names)})"
-
-
-def parse_secrets(cluster_cfg: Any) -> tuple[SecretSpec, ...]:
-    """``cluster.secrets`` as specs (none if absent); schema errors are ``PlacementError``."""
-    section = to_plain(cluster_cfg)
-    raw = to_plain(section.get("secrets")) if isinstance(section, Mapping) else None
-    if raw is None:
-        return ()
-    specs = []
-    for name, entry in as_mapping(raw, "cluster.secrets").items():
-        where = f"cluster.secrets.{name}"
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise PlacementError(
-                f"bad secret name {name!r}", where="cluster.secrets", expected="a name like HF_TOKEN"
-            )
-        fields = as_mapping(entry, where)
-        reject_unknown_keys(fields, _FIELDS, where)
-        sources = [key for key in ("from_env", "from_file") if fields.get(key) is not None]
-        if len(sources) != 1:
-            raise PlacementError(
-                "a secret needs exactly one source",
-                where=where,
-                expected="{from_env: VARIABLE} or {from_file: PATH}",
-            )
-        expose = fields.get("expose_as_env", False)
-        if not isinstance(expose, bool):
-            raise PlacementError("expose_as_env must be true or false", where=f"{where}.expose_as_env")
-        value = require_str(fields[sources[0]], f"{where}.{sources[0]}")
-        specs.append(SecretSpec(name, **{sources[0]: value}, expose_as_env=expose))
-    return tuple(specs)
 
 
 def read_secrets(specs: tuple[SecretSpec, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -139,7 +89,6 @@ __all__ = [
     "SecretError",
     "SecretSpec",
     "SecretsChannel",
-    "parse_secrets",
     "publish_secrets",
     "read_secrets",
 ]

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ray
 
 from rlinfra.placement.env_vars import PATH_SEPARATOR, merge_paths
+from rlinfra.placement.node_groups import HardwareUnit
 from rlinfra.placement.record import Placement
 from rlinfra.runtime import rendezvous
+from rlinfra.runtime.address import WorkerAddress
 
 if TYPE_CHECKING:
     from rlinfra.runtime.group import WorkerGroup
@@ -32,7 +34,8 @@ class WorkerContext:
     """Everything a worker process must know about itself before user code runs.
 
     ``merge_env`` names path-like variables whose value is prepended to the process's inherited
-    one; ``secrets`` is a ``rlinfra.runtime.secrets.SecretsChannel`` (a reference, not values).
+    one; ``secrets`` is a ``rlinfra.runtime.secrets.SecretsChannel`` (a reference, not values);
+    ``hardware`` the custom hardware units the process drives.
     """
 
     group_name: str
@@ -41,19 +44,27 @@ class WorkerContext:
     unset_env: tuple[str, ...] = ()
     merge_env: tuple[str, ...] = ()
     secrets: Any = None
+    hardware: tuple[HardwareUnit, ...] = ()
 
 
 SECRETS_TIMEOUT_S = 60.0
+# Ray's accelerator resource names -> torch's device type (``torch.device(type)``, ``torch.<type>``).
+TORCH_DEVICE_TYPES = {"GPU": "cuda", "NPU": "npu", "XPU": "xpu", "HPU": "hpu"}
 # The secrets of this worker process, kept off the instance so that they are not in its
 # ``__dict__`` (pickled, printed by debuggers) and reach fused roles too; one worker per process.
 _secrets: dict[str, str] = {}
 
 
 class Worker:
-    """Base class for component workers. Attributes set before ``__init__`` runs:
+    """Base class for component workers. Attributes set before ``__init__`` runs, under RLinf's
+    names where RLinf has one:
 
-    ``_rank``, ``_world_size``, ``_local_rank``, ``_local_world_size``, ``_node_rank``,
-    ``_group_name``, ``_placement``.
+    ``_rank``, ``_world_size``, ``_local_rank``, ``_local_world_size``, ``_node_rank`` (also
+    ``_cluster_node_rank``), ``_local_accelerator_rank``, ``_group_name``, ``_worker_name``
+    (``group:rank``), ``_placement``; and ``worker_address``, ``accelerator_type`` (the Ray
+    resource name, ``"GPU"``, or None), ``torch_device_type`` (``"cuda"`` …, or None),
+    ``torch_platform`` (``torch.cuda`` …, or None), ``has_accelerator``, ``hardware_type`` and
+    ``hardware_infos`` (the config entries of the hardware units the worker drives).
 
     ``env_defaults`` is the lowest layer of the worker's environment (every other layer — the
     driver's allow-listed variables, node group, component, rlinfra's — overrides it); it is the
@@ -68,8 +79,12 @@ class Worker:
     _local_rank: int = 0
     _local_world_size: int = 1
     _node_rank: int = 0
+    _cluster_node_rank: int = 0
+    _local_accelerator_rank: int = -1
     _group_name: str = ""
+    _worker_name: str = ""
     _placement: Placement | None = None
+    _hardware: tuple[HardwareUnit, ...] = ()
 
     def __init__(self) -> None:
         """Nothing to do: the hosting actor bound the context already. Kept so that the seed's
@@ -89,6 +104,48 @@ class Worker:
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    @property
+    def worker_address(self) -> WorkerAddress:
+        """``group:rank`` as RLinf's ``WorkerAddress``."""
+        return WorkerAddress(self._group_name, self._rank)
+
+    @property
+    def accelerator_type(self) -> str | None:
+        """The Ray resource name of this node's accelerators (``"GPU"``), None without any."""
+        return self._placement.accelerator_type if self._placement is not None else None
+
+    @property
+    def has_accelerator(self) -> bool:
+        """Whether the worker's own resources are accelerators."""
+        placement = self._placement
+        return placement is not None and placement.hardware_type == placement.accelerator_type
+
+    @property
+    def torch_device_type(self) -> str | None:
+        """torch's name for the node's accelerators (``"cuda"``, ``"npu"`` …), or None."""
+        return TORCH_DEVICE_TYPES.get(self.accelerator_type or "")
+
+    @property
+    def torch_platform(self) -> Any:
+        """torch's module for the node's accelerators (``torch.cuda`` …), or None (imports torch)."""
+        device_type = self.torch_device_type
+        if device_type is None:
+            return None
+        import torch
+
+        return getattr(torch, device_type, None)
+
+    @property
+    def hardware_type(self) -> str | None:
+        """The kind of the worker's resources: an accelerator type, a hardware type, or ``node``."""
+        return self._placement.hardware_type if self._placement is not None else None
+
+    @property
+    def hardware_infos(self) -> list[Mapping[str, Any]]:
+        """The config entries (``node_rank`` included) of the hardware units this worker drives,
+        e.g. its robot's IP; empty for accelerators and whole nodes."""
+        return [{"type": unit.type, "node_rank": unit.node_rank, **unit.fields} for unit in self._hardware]
 
     def secret(self, name: str) -> str:
         """The value of secret ``name`` from ``cluster.secrets`` (delivered outside Ray's records)."""
@@ -132,7 +189,10 @@ def _bind_context(worker: Worker, context: WorkerContext) -> None:
     worker._world_size = placement.world_size
     worker._local_rank = placement.local_rank
     worker._local_world_size = placement.local_world_size
-    worker._node_rank = placement.cluster_node_rank
+    worker._node_rank = worker._cluster_node_rank = placement.cluster_node_rank
+    worker._local_accelerator_rank = placement.local_accelerator_rank
+    worker._worker_name = f"{context.group_name}:{placement.rank}"
+    worker._hardware = context.hardware
     # Set in-process, as Ray itself does for CUDA_VISIBLE_DEVICES: per-actor runtime_envs would
     # cost a fresh worker process each and record every value in Ray's metadata.
     for name in context.unset_env:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from rlinfra.placement.cluster_spec import parse_nodes_spec
-from rlinfra.placement.config_access import as_mapping, require_int, to_plain
+from rlinfra.placement.config import parse_cluster_config
 
 DEFAULT_PORT = 6379
 DEFAULT_NODE_TIMEOUT_S = 600
@@ -92,21 +91,16 @@ def job_from_config(
     """A ``SlurmJob`` for the config's ``cluster`` section: ``num_nodes`` nodes, and GPUs per node
     from ``gpus_per_node`` or else ``cluster.simulate`` (``"NxG"``; per-node counts must agree,
     since Slurm's ``--gpus-per-node`` is one number)."""
-    cluster = as_mapping(cluster_cfg, "cluster")
-    num_nodes = require_int(cluster.get("num_nodes", 1), "cluster.num_nodes", minimum=1)
-    if gpus_per_node is None and cluster.get("simulate") is not None:
-        counts = parse_nodes_spec(to_plain(cluster["simulate"]), "cluster.simulate")
+    config = parse_cluster_config(cluster_cfg)
+    if gpus_per_node is None and config.simulate is not None:
+        counts = config.simulate
         if len(set(counts)) != 1:
             raise SlurmError(
-                f"cluster.simulate gives different GPU counts per node ({counts}); sbatch asks for one "
-                "number per node: pass --gpus-per-node"
-            )
-        if len(counts) != num_nodes:
-            raise SlurmError(
-                f"cluster.simulate describes {len(counts)} nodes but cluster.num_nodes is {num_nodes}"
+                f"cluster.simulate gives different GPU counts per node ({list(counts)}); sbatch asks for "
+                "one number per node: pass --gpus-per-node"
             )
         gpus_per_node = counts[0]
-    return SlurmJob(num_nodes=num_nodes, driver=tuple(driver), gpus_per_node=gpus_per_node, **options)
+    return SlurmJob(num_nodes=config.num_nodes, driver=tuple(driver), gpus_per_node=gpus_per_node, **options)
 
 
 def render_sbatch(job: SlurmJob, script_name: str = "job.sbatch") -> str:

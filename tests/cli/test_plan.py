@@ -64,7 +64,7 @@ def test_json_of_the_seed_example() -> None:
     assert components["rollout"]["placements"][0]["cluster_node_rank"] == 2
     env_5 = components["env"]["placements"][5]
     assert env_5["hardware_type"] == "robot"
-    assert (env_5["cluster_node_rank"], env_5["resource_ranks"], env_5["local_hardware_ranks"]) == (
+    assert (env_5["cluster_node_rank"], env_5["hardware_ranks"], env_5["local_hardware_ranks"]) == (
         5,
         [2],
         [0],
@@ -261,7 +261,7 @@ def test_unquoted_colon_placement_is_not_read_as_a_base_60_number(tmp_path: Path
     assert result.exit_code == 0, result.output
     actor = json.loads(result.stdout)["components"]["actor"]
     assert actor["placement"] == "1:0"
-    assert actor["placements"][0]["resource_ranks"] == [1]
+    assert actor["placements"][0]["hardware_ranks"] == [1]
 
 
 def test_absurd_accelerator_count_is_refused(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def test_colocated_components_share_every_bundle() -> None:
     assert layout["relations"] == [{"a": "actor", "b": "rollout", "relation": "colocated"}]
     assert [bundle["devices"] for bundle in layout["bundles"]] == [[device] for device in range(8)]
     assert all(bundle["node"] == 0 for bundle in layout["bundles"])
-    assert layout["bundles"][0]["resources"] == {"CPU": 2.0, "GPU": 1.0}
+    assert layout["bundles"][0]["resources"] == {"CPU": 1.0, "GPU": 1.0}  # one CPU per GPU, shared
     for name in ("actor", "rollout"):
         component = layout["components"][name]
         assert component["slices"] == [[0, 8]]
@@ -81,8 +81,8 @@ def test_disaggregated_components_use_disjoint_bundles() -> None:
     assert components["env"]["slices"] == [[8, 1], [17, 1]]
     env_bundles = [layout["bundles"][index] for index in (8, 17)]
     assert [(b["node"], b["devices"], b["resources"]) for b in env_bundles] == [
-        (0, [], {"CPU": 4.0}),
-        (1, [], {"CPU": 4.0}),
+        (0, [], {"CPU": 1.0}),  # one CPU per node, shared by the node's four env processes
+        (1, [], {"CPU": 1.0}),
     ]
     assert all((row["num_gpus"], row["resources"]) == (0.0, {}) for row in components["env"]["reservations"])
 
@@ -170,8 +170,8 @@ def test_human_layout_of_the_colocated_example() -> None:
     out = result.stdout
     assert out.index("Node × device map") < out.index("Layout (one placement group, 8 bundles)")
     assert "node 0: GPU 0-7" in out
-    assert out.count("GPU 0.5, CPU 1") == 2  # actor and rollout rows
-    assert "reserves GPU 8, CPU 16 on 1 node" in out
+    assert out.count("GPU 0.5, CPU 0.5") == 2  # actor and rollout rows
+    assert "reserves GPU 8, CPU 8 on 1 node" in out
     assert "Relations" in out
     assert "actor ↔ rollout: colocated (one config key)" in out
 
@@ -183,7 +183,7 @@ def test_human_layout_of_the_disaggregated_example() -> None:
     assert "Layout (one placement group, 18 bundles)" in out
     assert "node 0-1 (whole node)" in out
     assert "8,17" in out and "9-16" in out
-    assert "GPU 0.5, CPU 1" in out and "GPU 1, CPU 1" in out
+    assert "GPU 0.5, CPU 0.5" in out and "GPU 1, CPU 1" in out
     for pair in ("actor ↔ rollout", "actor ↔ env", "rollout ↔ env"):
         assert f"{pair}: disaggregated" in out
     assert "one config key" not in out
@@ -195,7 +195,7 @@ def test_human_layout_of_the_mixed_example() -> None:
     out = result.stdout
     assert "0-3,8-15" in out
     assert "node 1: GPU 0-7" in out
-    assert "GPU 0.5, CPU 1 (4)" in out and "GPU 1, CPU 1 (8)" in out
+    assert "GPU 0.5, CPU 0.5 (4)" in out and "GPU 1, CPU 1 (8)" in out
     assert "actor ↔ rollout: partly colocated" in out
 
 
@@ -233,20 +233,37 @@ def test_many_components_are_capped(tmp_path: Path) -> None:
 # --- errors, speed, no Ray ---------------------------------------------------------------------------
 
 
-def test_fraction_above_one_is_a_user_error(tmp_path: Path) -> None:
-    # actor rank 0 uses GPUs 0-1; GPU 0 is shared with rollout: 1/2 + 1 = 1.5 GPUs
+def test_a_share_above_one_reserves_its_whole_part(tmp_path: Path) -> None:
+    """actor rank 0 uses GPUs 0-1, GPU 0 shared with rollout: 1/2 + 1 = 1.5 GPUs, which Ray cannot
+    reserve; it asks 1, and the bundle holds both GPUs whole."""
     config = write(tmp_path, config_with({"actor": "0-1:0", "rollout": "0:0"}))
-    result = invoke(config, "--nodes", "1x8")
+    layout = layout_of(config, "--nodes", "1x8")
+    assert gpu_shares(layout, "actor") == [1.0]
+    assert gpu_shares(layout, "rollout") == [0.5]
+    assert layout["bundles"][0]["resources"]["GPU"] == 2.0
+
+
+CONFLICTING_LABELS = """\
+cluster:
+  num_nodes: 1
+  component_placement:
+    a: {placement: "0", constraints: {labels: {zone: east}}}
+    b: {placement: "0", constraints: {labels: {zone: west}}}
+"""
+
+
+def test_a_layout_no_node_can_hold_is_a_user_error(tmp_path: Path) -> None:
+    """Two components sharing GPU 0 need different values of one node label."""
+    result = invoke(write(tmp_path, CONFLICTING_LABELS), "--nodes", "1x8")
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert "Traceback" not in result.output
     assert "cannot lay the job out as one placement group" in result.stderr
-    assert "fraction above 1" in result.stderr
+    assert "no node carries both" in result.stderr
 
 
-def test_fraction_error_comes_before_writing_an_svg(tmp_path: Path) -> None:
-    config = write(tmp_path, config_with({"actor": "0-1:0", "rollout": "0:0"}))
-    result = invoke(config, "--nodes", "1x8", "--svg", tmp_path / "map.svg")
+def test_layout_error_comes_before_writing_an_svg(tmp_path: Path) -> None:
+    result = invoke(write(tmp_path, CONFLICTING_LABELS), "--nodes", "1x8", "--svg", tmp_path / "map.svg")
     assert result.exit_code == 2
     assert not (tmp_path / "map.svg").exists()
 
@@ -318,3 +335,70 @@ def test_reservations_text() -> None:
     assert reservations_text(rows[:2]) == "GPU 0.5, CPU 1"
     assert reservations_text(rows) == "GPU 0.5, CPU 1 (2)\nGPU 1, CPU 1 (1)"
     assert reservations_text([reservation(0, 0.5, 0.0, {"robot": 0.3333})]) == "robot 0.3333, CPU 0.5"
+
+
+# --- what each node reserves ---------------------------------------------------------------------
+
+
+SEED = EXAMPLES / "seed_node_groups.yaml"
+
+
+def test_the_seed_example_fits_nodes_of_64_cpus() -> None:
+    """512 agent processes share their nodes' CPUs: no node reserves more than 9 of 64."""
+    result = invoke(SEED, "--cpus", "64", "--json")
+    assert result.exit_code == 0, result.output
+    nodes = json.loads(result.stdout)["nodes"]
+    assert [row["fits"] for row in nodes] == [True] * 6
+    cpus = [row["reserves"]["CPU"] for row in nodes]
+    assert max(cpus) < 10  # was 164 on node 2 when every worker held a CPU
+    assert cpus[2] == pytest.approx(8 + 156 * 0.0064)  # 8 rollout GPUs, 156 agents sharing one CPU
+    assert sum(cpus) < 27
+
+
+def test_a_node_that_cannot_hold_its_reservation_is_flagged(tmp_path: Path) -> None:
+    agent = "      placement: 0-1:0-200,2-3:201-511\n"
+    text = SEED.read_text().replace(agent, agent + "      num_cpus: 0.5\n")
+    config = write(tmp_path, text)
+    result = invoke(config, "--cpus", "64")
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "no: short by CPU 22" in result.stdout  # node 2: 8 + 156 x 0.5 = 86 of 64
+    assert "node(s) 2-3 reserve more CPUs than they have (node 2: CPU 86 of 64)" in result.stderr
+    as_json = invoke(config, "--cpus", "64", "--json")
+    assert [row["fits"] for row in json.loads(as_json.stdout)["nodes"]] == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
+
+
+def test_simulated_clusters_are_checked_against_their_simulated_cpus(tmp_path: Path) -> None:
+    text = textwrap.dedent(
+        """\
+        cluster:
+          num_nodes: 1
+          simulate: 1x2
+          simulate_cpus: 1
+          component_placement:
+            a: 0-1
+            b: {placement: 0-1, num_cpus: 1}
+        """
+    )
+    result = invoke(write(tmp_path, text), "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["nodes"] == [
+        {"node": 0, "reserves": {"CPU": 3.0, "GPU": 2.0}, "cpus": 1.0, "fits": False}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"), [("lots", "cannot read 'lots'"), ("64,64", "2 CPU counts for 6 nodes")]
+)
+def test_bad_cpus_spec_is_a_usage_error(spec: str, problem: str) -> None:
+    result = invoke(SEED, "--cpus", spec)
+    assert result.exit_code == 2
+    assert problem in result.stderr
+    assert "Traceback" not in result.output

@@ -17,7 +17,7 @@ from rlinfra.placement import (
     NodeSpec,
     PlacementError,
 )
-from rlinfra.placement.cluster_spec import MAX_NODES, parse_nodes_spec
+from rlinfra.placement.config import MAX_NODES, parse_nodes_spec
 
 PREFIX = len("  in: ")
 

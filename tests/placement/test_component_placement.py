@@ -36,7 +36,7 @@ def plan(
 
 def where(placements: list[Placement]) -> list[tuple[int, tuple[int, ...]]]:
     """(cluster node, node-local devices) per rank — the map a user cares about."""
-    return [(p.cluster_node_rank, p.local_hardware_ranks) for p in placements]
+    return [(p.cluster_node_rank, tuple(p.local_hardware_ranks)) for p in placements]
 
 
 SEED_HETEROGENEOUS = """
@@ -65,10 +65,10 @@ cluster:
       hardware:
         type: robot
         configs:
-          - node_rank: 4
-          - node_rank: 4
-          - node_rank: 5
-          - node_rank: 5
+          - {node_rank: 4, robot_ip: 10.10.10.1}
+          - {node_rank: 4, robot_ip: 10.10.10.2}
+          - {node_rank: 5, robot_ip: 10.10.10.3}
+          - {node_rank: 5, robot_ip: 10.10.10.4}
 """
 
 
@@ -83,7 +83,7 @@ class TestSeedExamples:
             assert placement.get_world_size(name) == 8
             placements = placement.get_placements(name)
             assert [p.rank for p in placements] == list(range(8))
-            assert [p.resource_ranks for p in placements] == [(i,) for i in range(8)]
+            assert [tuple(p.hardware_ranks) for p in placements] == [(i,) for i in range(8)]
             assert [p.visible_devices for p in placements] == [str(i) for i in range(8)]
             assert {p.node_group_label for p in placements} == {"cluster"}
             assert placement.get_placement_text(name) == "0-7"
@@ -100,7 +100,7 @@ class TestSeedExamples:
             placements = placement.get_placements(name)
             assert placement.get_world_size(name) == 9
             assert where(placements) == [(nodes[0], (i,)) for i in range(8)] + [(nodes[1], (0,))]
-            assert [p.resource_ranks for p in placements] == [(i,) for i in range(9)]
+            assert [tuple(p.hardware_ranks) for p in placements] == [(i,) for i in range(9)]
             assert [p.placement_node_rank for p in placements] == [0] * 8 + [1]
             assert [p.local_world_size for p in placements] == [8] * 8 + [1]
             assert {p.hardware_type for p in placements} == {"GPU"}
@@ -108,7 +108,7 @@ class TestSeedExamples:
         assert isinstance(placement.get_strategy("actor"), FlexiblePlacementStrategy)
 
         env = placement.get_placements("env")
-        assert [p.resource_ranks for p in env] == [(0,), (0,), (1,), (1,), (2,), (2,), (3,), (3,)]
+        assert [tuple(p.hardware_ranks) for p in env] == [(0,), (0,), (1,), (1,), (2,), (2,), (3,), (3,)]
         assert where(env) == [(node, (unit,)) for node in (4, 5) for unit in (0, 0, 1, 1)]
         assert [p.local_rank for p in env] == [0, 1, 2, 3, 0, 1, 2, 3]
         assert {p.hardware_type for p in env} == {"robot"}
@@ -121,7 +121,7 @@ class TestSeedExamples:
         assert [p.cluster_node_rank for p in agent] == sorted(p.cluster_node_rank for p in agent)
         assert agent[200].cluster_node_rank == 1 and agent[201].cluster_node_rank == 2
         assert {p.hardware_type for p in agent} == {"node"}
-        assert {p.local_hardware_ranks for p in agent} == {()}
+        assert {tuple(p.local_hardware_ranks) for p in agent} == {()}
         assert {p.visible_devices for p in agent} == {None}
         assert [p.local_rank for p in agent if p.cluster_node_rank == 2] == list(range(156))
         assert {p.local_world_size for p in agent if p.cluster_node_rank == 3} == {155}
@@ -140,7 +140,7 @@ class TestSeedExamples:
         placement = plan({"actor": "0-1:0-3,3-5,7-10:7-14"}, [8, 8])
         placements = placement.get_placements("actor")
         assert placement.get_world_size("actor") == 15
-        assert [p.resource_ranks for p in placements] == [
+        assert [tuple(p.hardware_ranks) for p in placements] == [
             (0,), (0,), (1,), (1,),          # processes 0-3 share GPUs 0-1
             (3,), (4,), (5,),                # processes 4-6, implicit, one per GPU
             (7,), (7,), (8,), (8,), (9,), (9,), (10,), (10,),  # processes 7-14 on GPUs 7-10
@@ -152,7 +152,7 @@ class TestSeedExamples:
 
     def test_implicit_segments_continue_numbering(self) -> None:
         placements = plan({"actor": "0-3,4-7"}).get_placements("actor")
-        assert [p.resource_ranks for p in placements] == [(i,) for i in range(8)]
+        assert [tuple(p.hardware_ranks) for p in placements] == [(i,) for i in range(8)]
 
     def test_single_node_group_conf_yaml(self) -> None:
         text = """
@@ -205,31 +205,32 @@ class TestResourceKinds:
         assert where(placement.get_placements("env")) == [(1, ()), (1, ()), (2, ()), (2, ())]
 
     def test_ignore_hardware_makes_resources_nodes(self) -> None:
-        robots = {"type": "robot", "configs": [{"node_rank": 0}, {"node_rank": 1}]}
         placement = plan(
-            {
-                "gpu": {"node_group": "plain", "placement": "0-1:0-2"},
-                "robot": {"node_group": "robots", "placement": "1"},
-            },
+            {"gpu": {"node_group": "plain", "placement": "0-1:0-2"}},
             [8, 8],
-            node_groups=[
-                {"label": "plain", "node_ranks": "0-1", "ignore_hardware": True},
-                {"label": "robots", "node_ranks": "0-1", "hardware": robots, "ignore_hardware": True},
-            ],
+            node_groups=[{"label": "plain", "node_ranks": "0-1", "ignore_hardware": True}],
         )
         assert [p.cluster_node_rank for p in placement.get_placements("gpu")] == [0, 0, 1]
-        (robot,) = placement.get_placements("robot")
-        assert (robot.hardware_type, robot.cluster_node_rank) == ("node", 1)
+        assert {p.hardware_type for p in placement.get_placements("gpu")} == {"node"}
+        robots = {"type": "robot", "configs": [{"node_rank": 0, "ip": "a"}]}
+        with pytest.raises(PlacementError, match="ignore_hardware: true cannot declare hardware"):
+            plan(
+                {"robot": {"node_group": "robots", "placement": "0"}},
+                [8, 8],
+                node_groups=[
+                    {"label": "robots", "node_ranks": "0-1", "hardware": robots, "ignore_hardware": True}
+                ],
+            )
 
     def test_declared_hardware_wins_over_accelerators(self) -> None:
-        hardware = {"type": "camera", "configs": [{"node_rank": 0}, {"node_rank": 0}, {"node_rank": 0}]}
+        hardware = {"type": "camera", "configs": [{"node_rank": 0, "serial": f"c{i}"} for i in range(3)]}
         placement = plan(
             {"cam": {"node_group": "cams", "placement": "all"}},
             [8],
             node_groups=[{"label": "cams", "node_ranks": 0, "hardware": hardware}],
         )
         cams = placement.get_placements("cam")
-        assert [(p.hardware_type, p.local_hardware_ranks) for p in cams] == [
+        assert [(p.hardware_type, tuple(p.local_hardware_ranks)) for p in cams] == [
             ("camera", (0,)),
             ("camera", (1,)),
             ("camera", (2,)),
@@ -237,7 +238,10 @@ class TestResourceKinds:
         assert {p.visible_devices for p in cams} == {None}
 
     def test_custom_hardware_can_be_owned_in_groups_on_one_node(self) -> None:
-        hardware = {"type": "robot", "configs": [{"node_rank": 0}] * 2 + [{"node_rank": 1}] * 2}
+        hardware = {
+            "type": "robot",
+            "configs": [{"node_rank": i // 2, "ip": f"10.0.0.{i}"} for i in range(4)],
+        }
         groups = [{"label": "r", "node_ranks": "0-1", "hardware": hardware}]
         placements = plan({"env": {"node_group": "r", "placement": "all:0-1"}}, [0, 0], node_groups=groups)
         assert where(placements.get_placements("env")) == [(0, (0, 1)), (1, (0, 1))]
@@ -272,7 +276,7 @@ class TestShapes:
         assert where(placement.get_placements("mid")) == [(1, (i,)) for i in range(4)]
         assert placement.get_placements("mid")[0].placement_node_rank == 0
         pairs = placement.get_placements("pairs")
-        assert [p.resource_ranks for p in pairs] == [(2 * i, 2 * i + 1) for i in range(7)]
+        assert [tuple(p.hardware_ranks) for p in pairs] == [(2 * i, 2 * i + 1) for i in range(7)]
         assert [p.visible_devices for p in pairs] == ["0,1", "2,3", "4,5", "6,7", "0,1", "2,3", "0,1"]
 
     def test_uneven_nodes_reject_a_group_that_straddles(self) -> None:
@@ -286,14 +290,14 @@ class TestShapes:
 
     def test_sparse_resources_and_gaps(self) -> None:
         placements = plan({"a": "1,5-6,15"}, [8, 8]).get_placements("a")
-        assert [p.resource_ranks for p in placements] == [(1,), (5,), (6,), (15,)]
+        assert [tuple(p.hardware_ranks) for p in placements] == [(1,), (5,), (6,), (15,)]
         assert where(placements) == [(0, (1,)), (0, (5,)), (0, (6,)), (1, (7,))]
 
     def test_int_placement_from_yaml(self) -> None:
         cfg = yaml.safe_load("cluster:\n  num_nodes: 1\n  component_placement:\n    a: 3\n")
         placement = ComponentPlacement(cfg, ClusterSpec.from_config(cfg["cluster"]))
         assert placement.get_placement_text("a") == "3"
-        assert [p.resource_ranks for p in placement.get_placements("a")] == [(3,)]
+        assert [tuple(p.hardware_ranks) for p in placement.get_placements("a")] == [(3,)]
 
     def test_nodes_spread_evenly_first_nodes_get_the_extra(self) -> None:
         placements = plan({"a": {"node_group": "node", "placement": "0-2:0-7"}}, [0, 0, 0]).get_placements(
@@ -320,7 +324,7 @@ class TestNodeGroupSelection:
         assert [p.cluster_node_rank for p in x] == [2] * 8 + [3] * 8 + [0] * 8 + [1] * 8
         assert [p.placement_node_rank for p in x] == [0] * 8 + [1] * 8 + [2] * 8 + [3] * 8
         assert [p.node_group_label for p in x] == ["b"] * 16 + ["a"] * 16
-        assert [p.resource_ranks for p in x] == [(i,) for i in range(32)]
+        assert [tuple(p.hardware_ranks) for p in x] == [(i,) for i in range(32)]
         y = placement.get_placements("y")
         assert [p.cluster_node_rank for p in y] == [0] * 8 + [1] * 8 + [2] * 8 + [3] * 8
         assert placement.get_node_groups("x") == ("b", "a")
@@ -387,8 +391,15 @@ class TestIsolation:
         assert {p.visible_devices for p in shared} == {None}
         assert [p.visibility_env for p in shared] == [{}] * 8
         assert [p.local_rank for p in shared] == [0, 1, 2, 3, 0, 1, 2, 3]
-        assert [p.local_hardware_ranks for p in shared] == [p.local_hardware_ranks for p in isolated]
-        assert [p._replace(visible_devices=None) for p in isolated] == shared
+        assert [tuple(p.local_hardware_ranks) for p in shared] == [
+            tuple(p.local_hardware_ranks) for p in isolated
+        ]
+        everything = [str(i) for i in range(8)]
+        unisolated = [
+            p._replace(isolate_accelerator=False, visible_accelerators=everything, local_accelerator_rank=0)
+            for p in isolated
+        ]
+        assert unisolated == shared
 
     def test_get_placements_shortcut_and_fresh_lists(self) -> None:
         placement = plan({"a": "0-3"})
@@ -407,11 +418,15 @@ class TestIsolation:
             "placement_node_rank": 0,
             "local_rank": 0,
             "local_world_size": 1,
+            "accelerator_type": "GPU",
+            "local_accelerator_rank": 1,
+            "visible_accelerators": ["1"],
+            "isolate_accelerator": True,
             "hardware_type": "GPU",
-            "resource_ranks": [9],
+            "hardware_ranks": [9],
             "local_hardware_ranks": [1],
-            "visible_devices": "1",
             "node_group_label": "cluster",
+            "visible_devices": "1",
         }
 
 

@@ -18,7 +18,10 @@ PREFIX = len("  in: ")
 ROBOTS = {
     "label": "robot",
     "node_ranks": "2-3",
-    "hardware": {"type": "robot", "configs": [{"node_rank": 2}, {"node_rank": 2}, {"node_rank": 3}]},
+    "hardware": {
+        "type": "robot",
+        "configs": [{"node_rank": 2, "ip": "a"}, {"node_rank": 2, "ip": "b"}, {"node_rank": 3, "ip": "c"}],
+    },
 }
 GROUPS = [{"label": "a800", "node_ranks": "0-1"}, {"label": "cpu", "node_ranks": 4}, ROBOTS]
 
@@ -29,9 +32,8 @@ def fail(component_placement: Any, accelerators: int | list[int] = 8, num_nodes:
         num_nodes = len(accelerators)
     node_groups = GROUPS if num_nodes >= 5 else []
     cluster = {"num_nodes": num_nodes, "component_placement": component_placement, "node_groups": node_groups}
-    spec = ClusterSpec.from_config(cluster, accelerators)
     with pytest.raises(PlacementError) as info:
-        ComponentPlacement({"cluster": cluster}, spec)
+        ComponentPlacement({"cluster": cluster}, ClusterSpec.from_config(cluster, accelerators))
     assert isinstance(info.value, ValueError)
     return info.value
 
@@ -227,15 +229,23 @@ class TestConfigErrors:
         error = fail({"actor": {"node_group": ["a800", "a800"], "placement": "0"}}, [8, 8, 0, 0, 0])
         assert "a node group is listed twice" in error.problem
 
-    def test_groups_of_different_kinds(self) -> None:
-        error = fail({"actor": {"node_group": "a800,cpu", "placement": "0"}}, [8, 8, 0, 0, 0])
-        assert error.where == "component 'actor'"
-        assert "node groups offer different kinds of resources: 'a800' (GPU), 'cpu' (node)" in error.problem
+    def test_one_process_mixing_kinds(self) -> None:
+        """GPUs then a robot of the same node concatenate, but one process may not own both."""
+        robot = {"type": "franka", "configs": [{"node_rank": 0, "ip": "10.0.0.8"}]}
+        groups = [{"label": "gpu", "node_ranks": 0}, {"label": "arm", "node_ranks": 0, "hardware": robot}]
+        cluster = {"num_nodes": 1, "node_groups": groups}
+        cluster["component_placement"] = {"env": {"node_group": "gpu,arm", "placement": "0-3:0"}}
+        with pytest.raises(PlacementError) as info:
+            ComponentPlacement({"cluster": cluster}, ClusterSpec.from_config(cluster, 3))
+        error = info.value
+        assert error.where == "component 'env'"
+        assert error.problem == "process 0 would own resources 0-3 of different kinds (GPU, franka)"
+        assert caret(error) == (0, 3)
 
     def test_overlapping_groups(self) -> None:
         error = fail({"actor": {"node_group": ["a800", "cluster"], "placement": "0"}}, [8, 8, 0, 0, 0])
         assert error.where == "component 'actor'"
-        assert "node 0 is in both node groups 'a800' and 'cluster'" in error.problem
+        assert "node 0's GPUs are offered by both node groups 'a800' and 'cluster'" in error.problem
 
     def test_one_group_mixing_accelerator_types(self) -> None:
         nodes = [NodeSpec(0, 8, "GPU"), NodeSpec(1, 8, "NPU")]

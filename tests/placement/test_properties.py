@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlinfra.placement import ClusterSpec, ComponentPlacement, Placement, PlacementError
-from rlinfra.placement.cluster_spec import parse_nodes_spec
+from rlinfra.placement.config import parse_nodes_spec
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 COMPONENT = "actor"
@@ -49,8 +49,9 @@ def clusters(draw: st.DrawFn) -> Cluster:
         entry: dict[str, Any] = {"label": f"g{index}", "node_ranks": written}
         if draw(st.booleans()):
             units = draw(st.lists(st.sampled_from(ranks), min_size=1, max_size=6))
-            entry["hardware"] = {"type": "robot", "configs": [{"node_rank": r} for r in units]}
-        if draw(st.integers(0, 3)) == 0:
+            configs = [{"node_rank": r, "ip": f"10.0.{index}.{i}"} for i, r in enumerate(units)]
+            entry["hardware"] = {"type": draw(st.sampled_from(["robot", "camera"])), "configs": configs}
+        elif draw(st.integers(0, 3)) == 0:
             entry["ignore_hardware"] = True
         groups[entry["label"]] = entry
     choices = ["cluster", "node", *groups]
@@ -73,40 +74,46 @@ class Resource:
     node: int
     local: int | None  # None for node resources
     label: str
+    kind: str  # GPU, robot, camera or node
 
 
-def reference_pool(cluster: Cluster) -> tuple[str, list[Resource]] | None:
-    """(kind, numbered resources) of the component's node groups, or None if they cannot combine."""
+def reference_pool(cluster: Cluster) -> list[Resource] | None:
+    """The numbered resources of the component's node groups — groups of different kinds
+    concatenate — or None if they offer some node's resources twice or a hardware type's units on
+    one node come from two groups."""
     acc = cluster.accelerators
     everyone = list(range(len(acc)))
-    kinds: list[str] = []
-    members: list[tuple[str, list[int], dict[str, Any]]] = []
+    pool: list[Resource] = []
     for label in cluster.labels:
         entry = cluster.groups.get(label, {})
-        nodes = everyone if label in ("cluster", "node") else _ranks(entry["node_ranks"])
-        if label == "node" or entry.get("ignore_hardware"):
-            kinds.append("node")
+        nodes = sorted(everyone if label in ("cluster", "node") else _ranks(entry["node_ranks"]))
+        if (
+            label == "node"
+            or entry.get("ignore_hardware")
+            or ("hardware" not in entry and not any(acc[n] for n in nodes))
+        ):
+            pool += [Resource(n, None, label, "node") for n in nodes]
         elif "hardware" in entry:
-            kinds.append("robot")
-        elif any(acc[n] for n in nodes):
-            kinds.append("GPU")
-        else:
-            kinds.append("node")
-        members.append((label, sorted(nodes), entry))
-    all_nodes = [n for _, nodes, _ in members for n in nodes]
-    if len(set(kinds)) > 1 or len(set(all_nodes)) != len(all_nodes):
-        return None
-    kind = kinds[0]
-    pool: list[Resource] = []
-    for label, nodes, entry in members:
-        if kind == "node":
-            pool += [Resource(n, None, label) for n in nodes]
-        elif kind == "robot":
+            kind = entry["hardware"]["type"]
             per_node = Counter(unit["node_rank"] for unit in entry["hardware"]["configs"])
-            pool += [Resource(n, i, label) for n in sorted(per_node) for i in range(per_node[n])]
+            pool += [Resource(n, i, label, kind) for n in sorted(per_node) for i in range(per_node[n])]
         else:
-            pool += [Resource(n, i, label) for n in nodes for i in range(acc[n])]
-    return kind, pool
+            pool += [Resource(n, i, label, "GPU") for n in nodes for i in range(acc[n])]
+    offers = {(res.node, res.kind, res.label) for res in pool}
+    if len({(node, kind) for node, kind, _ in offers}) != len(offers):
+        return None
+    return pool
+
+
+def config_is_valid(cluster: Cluster) -> bool:
+    """Whether the node groups themselves are accepted: one group per node's units of a type."""
+    owners = {
+        (c["node_rank"], g["hardware"]["type"], g["label"])
+        for g in cluster.groups.values()
+        if "hardware" in g
+        for c in g["hardware"]["configs"]
+    }
+    return len({(node, kind) for node, kind, _ in owners}) == len(owners)
 
 
 def _ranks(written: Any) -> list[int]:
@@ -117,9 +124,7 @@ Range = tuple[int, int]
 Segment = tuple[Range | None, Range | None]  # (resources or None for 'all', processes or None)
 
 
-def reference_assign(
-    segments: list[Segment], kind: str, pool: list[Resource]
-) -> list[tuple[int, ...]] | None:
+def reference_assign(segments: list[Segment], pool: list[Resource]) -> list[tuple[int, ...]] | None:
     """Resources per process under the documented rules, or None where they forbid the string."""
     size = len(pool)
     out: list[tuple[int, ...]] = []
@@ -138,7 +143,7 @@ def reference_assign(
             return None
         else:
             num_processes = processes[1] - processes[0] + 1
-        if kind == "node":
+        if all(pool[r].kind == "node" for r in range(first, last + 1)):
             if num_processes < num_resources:
                 return None
             base, extra = divmod(num_processes, num_resources)
@@ -151,7 +156,7 @@ def reference_assign(
             width = num_resources // num_processes
             for j in range(num_processes):
                 chunk = tuple(range(first + j * width, first + (j + 1) * width))
-                if len({pool[r].node for r in chunk}) != 1:
+                if len({pool[r].node for r in chunk}) != 1 or len({pool[r].kind for r in chunk}) != 1:
                     return None
                 out.append(chunk)
         else:
@@ -257,9 +262,8 @@ def check_error(error: PlacementError, text: str) -> None:
 
 
 def check_invariants(cluster: Cluster, placement: ComponentPlacement) -> list[Placement]:
-    reference = reference_pool(cluster)
-    assert reference is not None, "the engine combined node groups that cannot combine"
-    kind, pool = reference
+    pool = reference_pool(cluster)
+    assert pool is not None, "the engine combined node groups that cannot combine"
     placements = placement.get_placements(COMPONENT)
     n = len(placements)
     assert n >= 1
@@ -271,15 +275,17 @@ def check_invariants(cluster: Cluster, placement: ComponentPlacement) -> list[Pl
     seen: Counter[int] = Counter()
     order: dict[int, int] = {}
     previous: tuple[int, ...] | None = None
-    holders: dict[tuple[int, ...], int] = Counter(p.resource_ranks for p in placements)
+    holders: dict[tuple[int, ...], int] = Counter(tuple(p.hardware_ranks) for p in placements)
     for p in placements:
+        kind = pool[p.hardware_ranks[0]].kind
         assert p.hardware_type == kind
-        assert p.resource_ranks, p
-        assert list(p.resource_ranks) == list(range(p.resource_ranks[0], p.resource_ranks[-1] + 1))
-        assert p.resource_ranks[-1] < len(pool)
-        nodes = {pool[r].node for r in p.resource_ranks}
+        assert {pool[r].kind for r in p.hardware_ranks} == {kind}, "one kind per process"
+        assert p.hardware_ranks, p
+        assert list(p.hardware_ranks) == list(range(p.hardware_ranks[0], p.hardware_ranks[-1] + 1))
+        assert p.hardware_ranks[-1] < len(pool)
+        nodes = {pool[r].node for r in p.hardware_ranks}
         assert nodes == {p.cluster_node_rank}, "a process's resources lie on its one node"
-        assert p.node_group_label == pool[p.resource_ranks[0]].label
+        assert p.node_group_label == pool[p.hardware_ranks[0]].label
         node = p.cluster_node_rank
         order.setdefault(node, len(order))
         assert p.placement_node_rank == order[node]
@@ -287,10 +293,10 @@ def check_invariants(cluster: Cluster, placement: ComponentPlacement) -> list[Pl
         seen[node] += 1
         assert p.local_world_size == per_node[node]
         if kind == "node":
-            assert p.local_hardware_ranks == ()
+            assert p.local_hardware_ranks == []
             assert p.visible_devices is None
         else:
-            assert p.local_hardware_ranks == tuple(pool[r].local for r in p.resource_ranks)
+            assert p.local_hardware_ranks == [pool[r].local for r in p.hardware_ranks]
             if kind == "GPU":
                 assert all(d < cluster.accelerators[node] for d in p.local_hardware_ranks)
                 assert p.visible_devices == ",".join(map(str, p.local_hardware_ranks))
@@ -298,17 +304,24 @@ def check_invariants(cluster: Cluster, placement: ComponentPlacement) -> list[Pl
                 units = sum(1 for res in pool if res.node == node)
                 assert all(d < units for d in p.local_hardware_ranks)
                 assert p.visible_devices is None
-            if holders[p.resource_ranks] > 1:
-                assert len(p.resource_ranks) == 1, "only single devices are shared"
+            if holders[tuple(p.hardware_ranks)] > 1:
+                assert len(p.hardware_ranks) == 1, "only single devices are shared"
         if previous is not None:
             # Resources ascend with ranks: a process starts at or after where the last one ended,
             # and overlaps it only by being the very same shared device.
-            assert p.resource_ranks[0] >= previous[-1]
-            assert p.resource_ranks[0] > previous[-1] or p.resource_ranks == previous
-        previous = p.resource_ranks
+            assert p.hardware_ranks[0] >= previous[-1]
+            assert p.hardware_ranks[0] > previous[-1] or p.hardware_ranks == previous
+        previous = p.hardware_ranks
 
     unisolated = placement.get_placements(COMPONENT, isolate_accelerator=False)
-    assert unisolated == [p._replace(visible_devices=None) for p in placements]
+    assert unisolated == [
+        p._replace(
+            isolate_accelerator=False,
+            visible_accelerators=[str(i) for i in range(cluster.accelerators[p.cluster_node_rank])],
+            local_accelerator_rank=0 if cluster.accelerators[p.cluster_node_rank] else -1,
+        )
+        for p in placements
+    ]
     return placements
 
 
@@ -316,9 +329,11 @@ def check_invariants(cluster: Cluster, placement: ComponentPlacement) -> list[Pl
 @given(cluster=clusters(), string=grammar_strings())
 def test_grammar_strings_match_the_reference(cluster: Cluster, string: tuple[str, list[Segment]]) -> None:
     text, segments = string
+    if not config_is_valid(cluster):
+        return
     placement, error = resolve(cluster, text)
     reference = reference_pool(cluster)
-    expected = None if reference is None else reference_assign(segments, *reference)
+    expected = None if reference is None else reference_assign(segments, reference)
     if error is not None:
         check_error(error, text)
         assert expected is None, f"{text!r} was rejected: {error}"
@@ -326,12 +341,14 @@ def test_grammar_strings_match_the_reference(cluster: Cluster, string: tuple[str
     assert placement is not None
     assert expected is not None, f"{text!r} was accepted but the rules forbid it"
     placements = check_invariants(cluster, placement)
-    assert [p.resource_ranks for p in placements] == expected
+    assert [tuple(p.hardware_ranks) for p in placements] == expected
 
 
 @SETTINGS
 @given(cluster=clusters(), text=ANY_TEXT)
 def test_any_text_is_a_plan_or_a_placement_error(cluster: Cluster, text: str) -> None:
+    if not config_is_valid(cluster):
+        return
     placement, error = resolve(cluster, text)
     if error is not None:
         check_error(error, text)

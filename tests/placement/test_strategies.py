@@ -25,7 +25,7 @@ def spec(accelerators: list[int], node_groups: list[dict[str, Any]] | None = Non
 
 
 def where(placements: list[Placement]) -> list[tuple[int, tuple[int, ...]]]:
-    return [(p.cluster_node_rank, p.local_hardware_ranks) for p in placements]
+    return [(p.cluster_node_rank, tuple(p.local_hardware_ranks)) for p in placements]
 
 
 class TestFlexible:
@@ -39,28 +39,38 @@ class TestFlexible:
         assert [p.local_world_size for p in placements] == [3, 3, 3, 1]
         assert [p.world_size for p in placements] == [4] * 4
 
-    def test_order_of_first_use_decides_placement_node_rank(self) -> None:
+    def test_ranks_are_sorted_as_rlinf_documents(self) -> None:
+        """Each process's ranks ascend, and processes are ordered by their first rank."""
         placements = FlexiblePlacementStrategy([[8], [0], [9]]).get_placement(spec([8, 8]))
-        assert [p.placement_node_rank for p in placements] == [0, 1, 0]
+        assert [p.hardware_ranks for p in placements] == [[0], [8], [9]]
+        assert [p.placement_node_rank for p in placements] == [0, 1, 1]
         assert [p.local_rank for p in placements] == [0, 0, 1]
+        (only,) = FlexiblePlacementStrategy([[2, 1, 3]]).get_placement(spec([8]))
+        assert (only.hardware_ranks, only.visible_accelerators) == ([1, 2, 3], ["1", "2", "3"])
+        first, _ = FlexiblePlacementStrategy([[4], [0]]).get_placement(spec([8]))
+        assert (first.rank, first.local_hardware_ranks, first.local_accelerator_rank) == (0, [0], 0)
 
     def test_on_a_node_group(self) -> None:
         cluster = spec([8, 8, 8], [{"label": "late", "node_ranks": "1-2"}])
-        placements = FlexiblePlacementStrategy([(0, 1), (8,)], node_group="late").get_placement(cluster)
+        placements = FlexiblePlacementStrategy([(0, 1), (8,)], node_group_label="late").get_placement(cluster)
         assert where(placements) == [(1, (0, 1)), (2, (0,))]
         assert {p.node_group_label for p in placements} == {"late"}
 
     def test_several_node_groups_as_a_list(self) -> None:
         cluster = spec([2, 2], [{"label": "a", "node_ranks": 0}, {"label": "b", "node_ranks": 1}])
-        placements = FlexiblePlacementStrategy([[0], [2]], node_group=["b", "a"]).get_placement(cluster)
+        placements = FlexiblePlacementStrategy([[0], [2]], node_group_label=["b", "a"]).get_placement(cluster)
         assert where(placements) == [(1, (0,)), (0, (0,))]
 
     def test_isolation_off(self) -> None:
         placements = FlexiblePlacementStrategy([[3], [3]]).get_placement(spec([8]), isolate_accelerator=False)
         assert [(p.visible_devices, p.local_rank, p.local_hardware_ranks) for p in placements] == [
-            (None, 0, (3,)),
-            (None, 1, (3,)),
+            (None, 0, [3]),
+            (None, 1, [3]),
         ]
+        # RLinf's fields: not isolated, a process sees every accelerator of its node.
+        assert placements[0].visible_accelerators == [str(i) for i in range(8)]
+        assert (placements[0].local_accelerator_rank, placements[0].isolate_accelerator) == (0, False)
+        assert placements[0].visibility_env == {}
 
     def test_straddling_two_nodes_is_a_placement_error(self) -> None:
         strategy = FlexiblePlacementStrategy([[0], [7, 8]])
@@ -75,7 +85,7 @@ class TestFlexible:
 
     def test_unknown_node_group_is_a_placement_error(self) -> None:
         with pytest.raises(PlacementError, match="unknown node group 'gpu'") as info:
-            FlexiblePlacementStrategy([[0]], node_group="gpu").get_placement(spec([8]))
+            FlexiblePlacementStrategy([[0]], node_group_label="gpu").get_placement(spec([8]))
         assert info.value.where == "FlexiblePlacementStrategy"
 
     @pytest.mark.parametrize(
@@ -99,14 +109,21 @@ class TestFlexible:
             FlexiblePlacementStrategy(ranks_list)
         assert problem in info.value.problem
 
-    @pytest.mark.parametrize("node_group", ["", "a,", [], 5.0, None])
+    @pytest.mark.parametrize("node_group", ["", "a,", [], 5.0])
     def test_bad_node_group(self, node_group: Any) -> None:
         with pytest.raises(PlacementError, match="bad node group"):
-            FlexiblePlacementStrategy([[0]], node_group=node_group)
+            FlexiblePlacementStrategy([[0]], node_group_label=node_group)
+
+    def test_no_label_means_the_whole_cluster_as_in_rlinf(self) -> None:
+        cluster = spec([2, 2], [{"label": "late", "node_ranks": 1}])
+        assert FlexiblePlacementStrategy([[3]], node_group_label=None).node_groups == ("cluster",)
+        assert NodePlacementStrategy([1], node_group_label=None).node_groups == ("node",)
+        assert PackedPlacementStrategy(0, 3, node_group=None).node_groups == ("cluster",)
+        assert where(FlexiblePlacementStrategy([[3]]).get_placement(cluster)) == [(1, (1,))]
 
     def test_numeric_node_group(self) -> None:
         cluster = spec([8, 4], [{"label": 4090, "node_ranks": 1}])
-        placements = FlexiblePlacementStrategy([[3]], node_group=4090).get_placement(cluster)  # type: ignore[arg-type]
+        placements = FlexiblePlacementStrategy([[3]], node_group_label=4090).get_placement(cluster)  # type: ignore[arg-type]
         assert where(placements) == [(1, (3,))]
 
     def test_results_are_cached_per_cluster_and_isolation_but_fresh_lists(self) -> None:
@@ -140,24 +157,26 @@ class TestNode:
     def test_default_node_group_is_every_node(self) -> None:
         strategy = NodePlacementStrategy([0, 0, 2, 1])
         placements = strategy.get_placement(spec([8, 8, 8]))
-        assert [p.cluster_node_rank for p in placements] == [0, 0, 2, 1]
+        assert [p.cluster_node_rank for p in placements] == [0, 0, 1, 2]  # sorted, as in RLinf
         assert [p.placement_node_rank for p in placements] == [0, 0, 1, 2]
         assert [p.local_rank for p in placements] == [0, 1, 0, 0]
         assert [p.local_world_size for p in placements] == [2, 2, 1, 1]
         assert {p.hardware_type for p in placements} == {"node"}
-        assert {p.local_hardware_ranks for p in placements} == {()}
+        assert [p.local_hardware_ranks for p in placements] == [[]] * 4
         assert {p.visible_devices for p in placements} == {None}
+        first, _ = NodePlacementStrategy([1, 0]).get_placement(spec([8, 8]))
+        assert (first.rank, first.cluster_node_rank) == (0, 0)
         assert strategy.world_size == 4
 
     def test_node_ranks_index_the_group(self) -> None:
         cluster = spec([8, 8, 8, 8], [{"label": "late", "node_ranks": "2-3"}])
-        placements = NodePlacementStrategy([1, 0], node_group="late").get_placement(cluster)
-        assert [p.cluster_node_rank for p in placements] == [3, 2]
-        assert [p.resource_ranks for p in placements] == [(1,), (0,)]
+        placements = NodePlacementStrategy([1, 0], node_group_label="late").get_placement(cluster)
+        assert [p.cluster_node_rank for p in placements] == [2, 3]
+        assert [p.hardware_ranks for p in placements] == [[0], [1]]
 
     def test_group_with_gpus_is_still_nodes(self) -> None:
         cluster = spec([8, 8], [{"label": "g", "node_ranks": "0-1"}])
-        (placement,) = NodePlacementStrategy([1], node_group="g").get_placement(cluster)
+        (placement,) = NodePlacementStrategy([1], node_group_label="g").get_placement(cluster)
         assert (placement.cluster_node_rank, placement.hardware_type) == (1, "node")
 
     def test_errors(self) -> None:
@@ -174,7 +193,7 @@ class TestNode:
 class TestPacked:
     def test_one_device_each(self) -> None:
         placements = PackedPlacementStrategy(0, 7).get_placement(spec([8]))
-        assert [p.resource_ranks for p in placements] == [(i,) for i in range(8)]
+        assert [p.hardware_ranks for p in placements] == [[i] for i in range(8)]
 
     def test_chunks(self) -> None:
         placements = PackedPlacementStrategy(4, 11, num_hardware_per_process=2).get_placement(spec([8, 8]))
@@ -184,12 +203,12 @@ class TestPacked:
     def test_stride_interleaves_within_a_block(self) -> None:
         strategy = PackedPlacementStrategy(0, 7, num_hardware_per_process=2, stride=2)
         placements = strategy.get_placement(spec([8]))
-        assert [p.resource_ranks for p in placements] == [(0, 2), (1, 3), (4, 6), (5, 7)]
+        assert [p.hardware_ranks for p in placements] == [[0, 2], [1, 3], [4, 6], [5, 7]]
         assert strategy.world_size == 4
 
     def test_stride_one_device(self) -> None:
         placements = PackedPlacementStrategy(0, 3, stride=2).get_placement(spec([4]))
-        assert [p.resource_ranks for p in placements] == [(0,), (1,), (2,), (3,)]
+        assert [p.hardware_ranks for p in placements] == [[0], [1], [2], [3]]
 
     def test_straddling_chunk_is_a_placement_error_not_a_device_past_the_node(self) -> None:
         strategy = PackedPlacementStrategy(0, 11, num_hardware_per_process=3)

@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from rlinfra import Cluster, Worker
 from rlinfra.cli.main import app
-from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
+from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError, parse_cluster_config
 from rlinfra.placement.env_vars import EnvVars, looks_like_secret, parse_env_vars
 from rlinfra.runtime.env import (
     DEFAULT_ALLOWLIST,
     EnvLayer,
     compose_env,
+    driver_allowlist,
     driver_layer,
-    parse_allowlist,
     resolve_worker_env,
 )
 
@@ -115,10 +115,11 @@ def test_driver_layer_takes_the_allow_list_only_and_withholds_credentials() -> N
     environ = {"PATH": "/bin", "LC_ALL": "C", "HF_TOKEN": "hf_x", "SECRET_STUFF": "s", "MY_VAR": "m"}
     layer, withheld = driver_layer(environ, DEFAULT_ALLOWLIST)
     assert dict(layer.values) == {"PATH": "/bin", "LC_ALL": "C"}
-    _, withheld = driver_layer(environ, parse_allowlist({"env_allowlist": ["HF_*", "MY_VAR"]}))
+    extra = parse_cluster_config({"num_nodes": 1, "env_allowlist": ["HF_*", "MY_VAR"]}).env_allowlist
+    _, withheld = driver_layer(environ, driver_allowlist(extra))
     assert withheld == ("HF_TOKEN",)
     with pytest.raises(PlacementError, match=r"cluster\.env_allowlist"):
-        parse_allowlist({"env_allowlist": "HF_*"})
+        parse_cluster_config({"num_nodes": 1, "env_allowlist": "HF_*"})
 
 
 def test_worker_env_of_each_component() -> None:

@@ -51,7 +51,7 @@ def test_roles_share_one_process_per_rank_and_are_called_by_name(cluster):
         assert [s[:3] for s in scored] == [("ref", r, "/models/ref") for r in range(4)]
         assert [t[3] for t in trained] == [s[3] for s in scored]  # same process per rank
         assert [s[4] for s in scored] == ["0", "1", "2", "3"]
-        assert policy.execute_on([1]).role("ref").score().wait()[0][1] == 1
+        assert policy.execute_on(1).role("ref").score().wait()[0][1] == 1
 
         with pytest.raises(WorkerGroupError) as caught:
             policy.role("ref").score(bad_rank=2).wait()

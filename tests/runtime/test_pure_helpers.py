@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rlinfra.placement import ClusterSpec, ComponentPlacement
-from rlinfra.runtime.bundles import MIN_BUNDLE_CPU, plan_bundles
+from rlinfra.runtime.bundles import MIN_BUNDLE_CPU, plan_bundles, plan_layout, reservable
 from rlinfra.runtime.calls import concat_chunks, split_batch
 from rlinfra.runtime.errors import RankFailure, WorkerGroupError
 from rlinfra.runtime.ledger import resource_diff
@@ -38,10 +38,44 @@ def test_shared_devices_get_fractional_reservations_from_the_placement():
     )
 
 
-def test_multi_device_process_reserves_all_its_devices():
+def test_multi_device_process_reserves_all_its_devices_and_a_cpu_each():
     plan = plan_bundles(placements({"actor": "0-7:0-1"}, [8])["actor"])
-    assert plan.bundles == [{"CPU": 1.0, "GPU": 4.0}] * 2
-    assert [a.num_gpus for a in plan.reservations["_"]] == [4.0, 4.0]
+    assert plan.bundles == [{"CPU": 4.0, "GPU": 4.0}] * 2
+    assert [(a.num_gpus, a.num_cpus) for a in plan.reservations["_"]] == [(4.0, 4.0), (4.0, 4.0)]
+
+
+def test_default_cpus_follow_the_devices_and_nodes_they_share():
+    """One CPU per device, split like the device; one CPU per node for whole-node processes."""
+    found = placements({"actor,rollout": "0-1", "agent": {"node_group": "node", "placement": "0:0-155"}}, [2])
+    plan = plan_layout(found)
+    assert [row.num_cpus for row in plan.reservations["actor"]] == [0.5, 0.5]
+    assert [row.num_cpus for row in plan.reservations["rollout"]] == [0.5, 0.5]
+    assert {row.num_cpus for row in plan.reservations["agent"]} == {0.0064}  # 1/156, rounded down
+    assert plan.per_node()[0]["CPU"] == pytest.approx(2 + 156 * 0.0064)
+    explicit = plan_layout(found, num_cpus={"agent": 0.25, "actor": None, "rollout": 2})
+    assert {row.num_cpus for row in explicit.reservations["agent"]} == {0.25}
+    assert [row.num_cpus for row in explicit.reservations["actor"]] == [0.5, 0.5]
+    assert [row.num_cpus for row in explicit.reservations["rollout"]] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("share", "asked"),
+    [(1.0, 1.0), (0.5, 0.5), (1 / 3, 0.3333), (1 / 7, 0.1428), (1.2, 1.0), (2.5, 2.0), (3 * (1 / 3), 1.0)],
+)
+def test_shares_are_rounded_down_to_what_ray_accepts(share, asked):
+    """Ray takes fractions only below 1 and in steps of 1e-4: never ask more than the share."""
+    assert reservable(share) == asked
+    assert reservable(share) <= share + 1e-9
+
+
+def test_a_process_owning_a_shared_and_a_whole_gpu_reserves_a_whole_one():
+    """RLinf's reward_server: "0-1:0" beside four components on GPU 0 has 1/5 + 1 = 1.2 GPUs."""
+    found = placements({"actor,env,rollout,reward": "0-0", "reward_server": "0-1:0"}, [2])
+    plan = plan_layout(found)
+    assert plan.bundles == [{"CPU": 1.8, "GPU": 2.0}]
+    assert [row.num_gpus for row in plan.reservations["reward_server"]] == [1.0]
+    assert [row.num_gpus for row in plan.reservations["actor"]] == [0.2]
+    assert sum(row.num_gpus for rows in plan.reservations.values() for row in rows) <= 2.0
 
 
 def test_node_processes_share_one_bundle_per_node_and_zero_cpu_stays_valid():
@@ -58,7 +92,10 @@ def test_custom_hardware_is_reserved_only_where_ray_knows_it():
         {
             "label": "robots",
             "node_ranks": 0,
-            "hardware": {"type": "robot", "configs": [{"node_rank": 0}, {"node_rank": 0}]},
+            "hardware": {
+                "type": "robot",
+                "configs": [{"node_rank": 0, "ip": "a"}, {"node_rank": 0, "ip": "b"}],
+            },
         }
     ]
     found = placements({"env": {"node_group": "robots", "placement": "0-1"}}, [0], groups)["env"]

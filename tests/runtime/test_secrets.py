@@ -21,7 +21,8 @@ import ray
 
 from rlinfra import Cluster, ComponentPlacement, Worker
 from rlinfra.placement import PlacementError
-from rlinfra.runtime.secrets import SecretError, SecretsChannel, parse_secrets, read_secrets
+from rlinfra.placement.secret_specs import parse_secret_specs
+from rlinfra.runtime.secrets import SecretError, SecretsChannel, read_secrets
 from rlinfra.runtime.worker import WorkerContext
 
 pytestmark = pytest.mark.timeout(180)
@@ -185,12 +186,12 @@ def test_the_channel_and_context_do_not_show_values(cluster: Cluster) -> None:
 )
 def test_bad_secrets_sections(secrets: object, fragment: str) -> None:
     with pytest.raises(PlacementError) as caught:
-        parse_secrets({"secrets": secrets})
+        parse_secret_specs(secrets)
     assert fragment in str(caught.value)
 
 
 def test_reading_names_the_source_never_the_value(tmp_path: Path) -> None:
-    specs = parse_secrets({"secrets": {"A": {"from_env": "VAR_A"}, "B": {"from_file": str(tmp_path / "b")}}})
+    specs = parse_secret_specs({"A": {"from_env": "VAR_A"}, "B": {"from_file": str(tmp_path / "b")}})
     (tmp_path / "b").write_text("  file-value\n")
     assert read_secrets(specs, {"VAR_A": "env-value"}) == {"A": "env-value", "B": "file-value"}
     with pytest.raises(SecretError, match="VAR_A is empty"):

@@ -196,7 +196,7 @@ def test_ranks_are_stable_across_launches(cluster, placement):
 def test_dispatch_broadcast_subset_scatter_split(launched):
     rollout = launched("rollout")
     assert rollout.echo("x", suffix="!").wait() == ["0:x!", "1:x!", "2:x!", "3:x!"]
-    assert rollout.execute_on([1, 3]).echo("y").wait() == ["1:y", "3:y"]
+    assert rollout.execute_on(1, 3).echo("y").wait() == ["1:y", "3:y"]
     assert rollout.echo.scatter(["a", "b", "c", "d"]).wait() == ["0:a", "1:b", "2:c", "3:d"]
     assert rollout.double.split(list(range(10))).wait() == [2 * i for i in range(10)]
     assert np.array_equal(rollout.double.split(np.arange(6)).wait(), np.arange(6) * 2)
@@ -205,7 +205,7 @@ def test_dispatch_broadcast_subset_scatter_split(launched):
     with pytest.raises(AttributeError, match="no method 'missing'"):
         rollout.missing()
     with pytest.raises(ValueError, match="cannot execute on"):
-        rollout.execute_on([4])
+        rollout.execute_on(4)
 
 
 def test_method_error_names_rank_node_traceback_and_keeps_other_results(launched):

@@ -289,7 +289,7 @@ def test_rollout_killed_mid_update_leaves_survivors_consistent(job, transport):
     assert caught.value.step == "prepare"
     assert caught.value.failed_ranks == [3]
     assert sync.alive == [0, 1, 2] and sync.version == 0
-    survivors = rollout.execute_on([0, 1, 2])
+    survivors = rollout.execute_on(0, 1, 2)
     assert survivors.current().wait(timeout=10) == [(0, fingerprint(make_state(0)))] * 3
     report = sync.update(2) if trainer.train_to(2).wait() else None
     assert report.version == 2
@@ -321,9 +321,9 @@ def test_generation_that_does_not_drain_fails_the_pause_and_everyone_stays_on_th
     sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES, drain_timeout_s=0.5)
     trainer.train_to(1).wait()
     prepared = sync.prepare(1)
-    slow = rollout.execute_on([3]).hold_serving(3.0)
+    slow = rollout.execute_on(3).hold_serving(3.0)
     deadline = time.monotonic() + 10
-    while rollout.execute_on([3]).in_flight().wait(timeout=10) != [1]:  # the call has started
+    while rollout.execute_on(3).in_flight().wait(timeout=10) != [1]:  # the call has started
         assert time.monotonic() < deadline
     with pytest.raises(WeightSyncError) as caught:
         sync.commit(prepared)  # pause, swap and verify in one call: ranks 0-2 swapped, then back
@@ -353,7 +353,7 @@ def test_a_paused_gate_reopens_when_its_lease_runs_out(job):
     _, rollout = job()
     ray.get(rollout.actors[0]._weights_pause.remote("a-driver-that-died", 0.5, 5.0), timeout=10)
     started = time.monotonic()
-    assert rollout.execute_on([0]).current().wait(timeout=10)[0][0] == 0
+    assert rollout.execute_on(0).current().wait(timeout=10)[0][0] == 0
     assert 0.2 < time.monotonic() - started < 5
 
 
@@ -409,7 +409,7 @@ def test_broadcast_with_a_receiver_killed_names_it_and_leaves_survivors_consiste
         assert "rank 3 (node 1): the worker process died" in str(error)
         assert "lost a member: bring it up again" in str(error)
         assert sync.alive == [0, 1, 2] and sync.version == 0
-        survivors = rollout.execute_on([0, 1, 2])
+        survivors = rollout.execute_on(0, 1, 2)
         assert survivors.current().wait(timeout=10) == [(0, fingerprint(make_state(0)))] * 3
         with pytest.raises(WorkerGroupError, match="rank 3"):  # the dead member cannot leave
             rendezvous.tear_down_cross(info)
@@ -544,7 +544,7 @@ def test_shared_weights_one_copy_per_node_a_write_shows_on_the_node_and_is_detec
     trainer.train_to(1).wait()
     sync.update(1)
     assert rollout.weights_changed().wait(timeout=10) == [[]] * 4
-    rollout.execute_on([0]).scribble().wait(timeout=10)
+    rollout.execute_on(0).scribble().wait(timeout=10)
     # Rank 0 wrote into its view: rank 1 (same node) serves the same bytes, so sees it too;
     # node 1 pulled its own copy when the update arrived and is untouched. Bucket 0 holds "embed".
     assert rollout.weights_changed().wait(timeout=10) == [[0], [0], [], []]

@@ -1,0 +1,418 @@
+"""The ``cluster`` section of a config, parsed once into typed records.
+
+Every key the section may hold is listed here, and nothing else is accepted: an unknown key is a
+``PlacementError`` naming it and the nearest valid key (``node_grups`` → ``node_groups``), so a
+typo can never be silently dropped. The records are what every layer reads afterwards — the
+cluster spec and placement (``node_groups``, ``components``), the runtime (``address``,
+``simulate*``, ``secrets``, ``env_allowlist``, ``profiling``) — so no module re-reads raw mappings.
+
+    cluster:
+      num_nodes: 2
+      component_placement: {actor: 0-7, env: {node_group: node, placement: 0-1, num_cpus: 2}}
+      node_groups: [...]          # rlinfra.placement.node_groups
+      address: ray://head:10001   # attach instead of starting an embedded Ray
+      simulate: 2x8               # rehearse on one machine: N real raylets with logical GPUs
+      simulate_cpus: 8            # … their logical CPUs, object store, resources and labels
+      node_timeout: 60            # seconds to wait for num_nodes nodes
+      secrets: {...}              # rlinfra.placement.secret_specs
+      env_allowlist: [WANDB_*]    # driver variables workers may inherit, beyond the defaults
+      profiling: {...}            # rlinfra.placement.profiling (RLinf's schema)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlinfra.placement.config_access import (
+    as_mapping,
+    reject_unknown_keys,
+    require_int,
+    require_str,
+    to_plain,
+)
+from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
+from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
+from rlinfra.placement.errors import PlacementError, Span
+from rlinfra.placement.grammar import bounded_int
+from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, parse_node_groups
+from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
+from rlinfra.placement.secret_specs import SecretSpec, parse_secret_specs
+
+MAX_NODES = 100_000
+MAX_ACCELERATORS_PER_NODE = 1024
+DEFAULT_NODE_TIMEOUT_S = 60.0
+DEFAULT_SIMULATED_CPUS = 16  # logical CPUs of a simulated node when simulate_cpus is not given
+
+CLUSTER_FIELDS = (
+    "num_nodes",
+    "component_placement",
+    "node_groups",
+    "address",
+    "simulate",
+    "simulate_cpus",
+    "simulate_object_store_mib",
+    "simulate_resources",
+    "simulate_labels",
+    "node_timeout",
+    "secrets",
+    "env_allowlist",
+    "profiling",
+)
+COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus")
+
+_UNIFORM_SPEC = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*")
+_COUNT = re.compile(r"\s*[0-9]+\s*")
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    """One key of ``component_placement``: the components it names (``"actor,inference"`` names
+    two, sharing one strategy), their node groups, the placement string as written, and the
+    component's own ``env_vars``, ``constraints`` and ``num_cpus`` (CPUs per process; None: the
+    default rule of ``rlinfra.runtime.bundles``)."""
+
+    key: str
+    names: tuple[str, ...]
+    node_groups: tuple[str, ...]
+    placement: str
+    env_vars: EnvVars = NO_ENV_VARS
+    constraints: Constraints = NO_CONSTRAINTS
+    num_cpus: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The whole ``cluster`` section, checked. ``simulate`` holds accelerators per simulated node;
+    ``simulate_resources``/``simulate_labels`` one mapping per simulated node."""
+
+    num_nodes: int
+    components: tuple[ComponentConfig, ...] = ()
+    node_groups: tuple[NodeGroup, ...] = ()
+    address: str | None = None
+    simulate: tuple[int, ...] | None = None
+    simulate_cpus: int = DEFAULT_SIMULATED_CPUS
+    simulate_object_store_mib: int | None = None
+    simulate_resources: tuple[Mapping[str, float], ...] | None = None
+    simulate_labels: tuple[Mapping[str, str], ...] | None = None
+    node_timeout: float = DEFAULT_NODE_TIMEOUT_S
+    secrets: tuple[SecretSpec, ...] = ()
+    env_allowlist: tuple[str, ...] = ()
+    profiling: ProfilingConfig | None = None
+
+    def component(self, name: str) -> ComponentConfig | None:
+        """The entry that places ``name``, if any."""
+        return next((entry for entry in self.components if name in entry.names), None)
+
+
+def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
+    """``section`` (a mapping, a ``DictConfig``, or a ``ClusterConfig`` already parsed) checked
+    and typed; any problem is a ``PlacementError`` naming the key."""
+    if isinstance(section, ClusterConfig):
+        return section
+    raw = as_mapping(section, where)
+    reject_unknown_keys(raw, CLUSTER_FIELDS, where)
+    num_nodes = require_int(raw.get("num_nodes"), f"{where}.num_nodes", minimum=1)
+    if num_nodes > MAX_NODES:
+        raise PlacementError(
+            f"{num_nodes:,} nodes is too many",
+            where=f"{where}.num_nodes",
+            expected=f"at most {MAX_NODES:,} nodes",
+        )
+    simulate = _simulate(raw.get("simulate"), num_nodes, where)
+    if simulate is not None and raw.get("address") is not None:
+        raise PlacementError(
+            "cluster.simulate and cluster.address are both given",
+            where=f"{where}.simulate",
+            expected="simulate (an embedded rehearsal cluster) or address (an existing Ray), not both",
+        )
+    return ClusterConfig(
+        num_nodes=num_nodes,
+        components=parse_components(
+            raw.get("component_placement"), num_nodes, f"{where}.component_placement"
+        ),
+        node_groups=parse_node_groups(raw.get("node_groups"), num_nodes, f"{where}.node_groups"),
+        address=_optional_str(raw.get("address"), f"{where}.address"),
+        simulate=simulate,
+        simulate_cpus=_simulated(raw, "simulate_cpus", simulate, 1, where) or DEFAULT_SIMULATED_CPUS,
+        simulate_object_store_mib=_simulated(raw, "simulate_object_store_mib", simulate, 64, where),
+        simulate_resources=_per_node(raw.get("simulate_resources"), simulate, f"{where}.simulate_resources"),
+        simulate_labels=_per_node(raw.get("simulate_labels"), simulate, f"{where}.simulate_labels"),
+        node_timeout=_seconds(raw.get("node_timeout", DEFAULT_NODE_TIMEOUT_S), f"{where}.node_timeout"),
+        secrets=parse_secret_specs(raw.get("secrets"), f"{where}.secrets"),
+        env_allowlist=_allowlist(raw.get("env_allowlist"), f"{where}.env_allowlist"),
+        profiling=parse_profiling(raw.get("profiling"), f"{where}.profiling"),
+    )
+
+
+def cluster_section(cfg: Any) -> Any:
+    """The ``cluster`` section of a full config (``cfg.cluster``), unresolved, or the
+    ``ClusterConfig`` already parsed from it (``{"cluster": cluster.config}``)."""
+    if isinstance(cfg, Mapping):
+        section = cfg.get("cluster")
+    else:
+        section = getattr(cfg, "cluster", None)
+    if isinstance(section, ClusterConfig):
+        return section
+    if section is None or not isinstance(to_plain(section), Mapping):
+        raise PlacementError(
+            "the config has no 'cluster' section",
+            where="cfg.cluster",
+            expected="a mapping with num_nodes and component_placement",
+        )
+    return section
+
+
+# --------------------------------------------------------------------------- component_placement
+
+
+def parse_components(raw: Any, num_nodes: int, where: str) -> tuple[ComponentConfig, ...]:
+    """Each key of ``component_placement`` (empty when the section is absent: a cluster may be
+    started before anything is placed; ``ComponentPlacement`` insists on at least one)."""
+    raw = to_plain(raw)
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise PlacementError(
+            f"expected a mapping, got {type(raw).__name__}",
+            where=where,
+            expected="a mapping such as {actor: '0-7'}",
+        )
+    entries: list[ComponentConfig] = []
+    placed: set[str] = set()
+    for key, value in raw.items():
+        entry = _parse_component(str(key), value, num_nodes, f"{where}.{key}")
+        for name in entry.names:
+            if name in placed:
+                raise PlacementError(
+                    f"component {name!r} is placed twice",
+                    where=f"{where}.{key}",
+                    expected="each component in one key",
+                )
+            placed.add(name)
+        entries.append(entry)
+    return tuple(entries)
+
+
+def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> ComponentConfig:
+    names = _component_names(key)
+    node_group: Any = CLUSTER_GROUP
+    env_vars, constraints, num_cpus = NO_ENV_VARS, NO_CONSTRAINTS, None
+    if isinstance(value, Mapping):
+        reject_unknown_keys(value, COMPONENT_FIELDS, path)
+        if "placement" not in value:
+            raise PlacementError(
+                "missing 'placement'", where=path, expected="placement: a string such as '0-7'"
+            )
+        node_group = value.get("node_group", CLUSTER_GROUP)
+        env_vars = parse_env_vars(value.get("env_vars"), f"{path}.env_vars")
+        constraints = parse_constraints(value.get("constraints"), f"{path}.constraints", num_nodes)
+        num_cpus = _cpus(value.get("num_cpus"), f"{path}.num_cpus")
+        value = value["placement"]
+    text = _placement_text(value, path)
+    labels = _node_group_labels(node_group, f"{path}.node_group")
+    return ComponentConfig(key, names, labels, text, env_vars, constraints, num_cpus)
+
+
+def _component_names(key: str) -> tuple[str, ...]:
+    names = [name.strip() for name in key.split(",")]
+    if any(not name for name in names):
+        raise PlacementError(
+            f"empty component name in {key!r}",
+            where="cluster.component_placement",
+            expected="component names separated by single commas, e.g. 'actor,inference'",
+        )
+    if len(set(names)) != len(names):
+        raise PlacementError(
+            f"a component is named twice in {key!r}",
+            where="cluster.component_placement",
+            expected="each component once",
+        )
+    return tuple(names)
+
+
+def _placement_text(value: Any, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise PlacementError(
+            f"expected a placement string, got {value!r}",
+            where=where,
+            expected="a string such as '0-7' or '0-3:0-7', or a mapping {node_group, placement}",
+        )
+    return str(value)
+
+
+def _node_group_labels(value: Any, where: str) -> tuple[str, ...]:
+    """``node_group`` as one label, a comma-separated string, or a YAML list of labels (YAML reads
+    ``node_group: 4090`` as an int, so integers are labels too)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        labels: list[Any] = [str(value)]
+    elif isinstance(value, str):
+        labels = [label.strip() for label in value.split(",")]
+    elif isinstance(value, (list, tuple)) and value:
+        labels = [str(label).strip() if isinstance(label, (str, int)) else label for label in value]
+    else:
+        raise PlacementError(
+            f"expected node group label(s), got {value!r}",
+            where=where,
+            expected="a label, 'a,b', or a YAML list of labels",
+        )
+    for label in labels:
+        if not isinstance(label, str) or not label or isinstance(label, bool):
+            raise PlacementError(
+                f"bad node group label {label!r} in {value!r}",
+                where=where,
+                expected="non-empty labels separated by commas",
+            )
+    if len(set(labels)) != len(labels):
+        raise PlacementError(f"a node group is listed twice in {value!r}", where=where)
+    return tuple(labels)
+
+
+def _cpus(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not valid or value < 0:
+        raise PlacementError(
+            f"expected a number of CPUs, got {value!r}",
+            where=where,
+            expected="a number >= 0 (CPUs per process)",
+        )
+    return float(value)
+
+
+# ------------------------------------------------------------------------------- the other keys
+
+
+def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:
+    """Accelerators per node from ``'NxG'`` (N nodes with G each) or ``'8,8,4,0'`` (one per node).
+
+    Also accepts a YAML list of counts. Shared by ``rlinfra plan --nodes`` and ``cluster.simulate``.
+    """
+    expected = "'NxG' (N nodes with G accelerators each, e.g. '2x8') or per-node counts like '8,8,4,0'"
+    if isinstance(spec, (list, tuple)):
+        counts = [require_int(count, f"{where}[{index}]") for index, count in enumerate(spec)]
+    else:
+        counts = _counts_from_text(str(spec), where, expected)
+    if not counts or len(counts) > MAX_NODES:
+        raise PlacementError(
+            "too many nodes" if counts else "no nodes",
+            where=where,
+            expected=f"between 1 and {MAX_NODES:,} nodes; {expected}",
+        )
+    for index, count in enumerate(counts):
+        if count > MAX_ACCELERATORS_PER_NODE:
+            raise PlacementError(
+                f"node {index} has {count} accelerators",
+                where=where,
+                expected=f"at most {MAX_ACCELERATORS_PER_NODE:,} accelerators per node",
+            )
+    return counts
+
+
+def _counts_from_text(text: str, where: str, expected: str) -> list[int]:
+    uniform = _UNIFORM_SPEC.fullmatch(text)
+    if uniform:
+        num_nodes, per_node = bounded_int(uniform.group(1)), bounded_int(uniform.group(2))
+        if per_node is None:
+            raise PlacementError(
+                "the accelerator count is too large", where=where, text=text, expected=expected
+            )
+        return [per_node] * (MAX_NODES + 1 if num_nodes is None else min(num_nodes, MAX_NODES + 1))
+    counts = []
+    offset = 0
+    for part in text.split(","):
+        count = bounded_int(part) if _COUNT.fullmatch(part) else None
+        if count is None:
+            start = offset + len(part) - len(part.lstrip())
+            raise PlacementError(
+                f"cannot read {part.strip()!r} as an accelerator count",
+                where=where,
+                text=text,
+                span=Span(start, max(start + 1, offset + len(part.rstrip()))),
+                expected=expected,
+            )
+        counts.append(count)
+        offset += len(part) + 1
+    return counts
+
+
+def _simulate(value: Any, num_nodes: int, where: str) -> tuple[int, ...] | None:
+    value = to_plain(value)
+    if value is None:
+        return None
+    counts = parse_nodes_spec(value, f"{where}.simulate")
+    if len(counts) != num_nodes:
+        raise PlacementError(
+            f"cluster.simulate describes {len(counts)} nodes but cluster.num_nodes is {num_nodes}",
+            where=f"{where}.simulate",
+            expected=f"exactly {num_nodes} nodes, e.g. '{num_nodes}x8', or change cluster.num_nodes",
+        )
+    return tuple(counts)
+
+
+def _per_node(value: Any, simulate: tuple[int, ...] | None, where: str) -> tuple[dict[str, Any], ...] | None:
+    """``simulate_resources`` / ``simulate_labels``: one mapping per simulated node."""
+    value = to_plain(value)
+    if value is None:
+        return None
+    if simulate is None:
+        raise PlacementError(
+            "only used with cluster.simulate", where=where, expected="cluster.simulate as well"
+        )
+    if not isinstance(value, list) or len(value) != len(simulate):
+        raise PlacementError(
+            "expected one mapping per simulated node",
+            where=where,
+            expected=f"a list of {len(simulate)} mappings",
+        )
+    return tuple(dict(as_mapping(entry or {}, f"{where}[{index}]")) for index, entry in enumerate(value))
+
+
+def _simulated(raw: Mapping[str, Any], key: str, simulate: Any, minimum: int, where: str) -> int | None:
+    """A ``simulate_*`` size: refused without ``simulate``, where nothing would use it."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if simulate is None:
+        raise PlacementError(
+            "only used with cluster.simulate", where=f"{where}.{key}", expected="cluster.simulate as well"
+        )
+    return require_int(value, f"{where}.{key}", minimum=minimum)
+
+
+def _optional_str(value: Any, where: str) -> str | None:
+    return None if value is None else require_str(value, where)
+
+
+def _seconds(value: Any, where: str) -> float:
+    valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not valid or value <= 0:
+        raise PlacementError(f"expected seconds, got {value!r}", where=where, expected="a positive number")
+    return float(value)
+
+
+def _allowlist(value: Any, where: str) -> tuple[str, ...]:
+    value = to_plain(value)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
+        raise PlacementError(
+            "expected a list of variable names", where=where, expected="e.g. [WANDB_PROJECT, 'MY_*']"
+        )
+    return tuple(item.strip() for item in value)
+
+
+__all__ = [
+    "CLUSTER_FIELDS",
+    "COMPONENT_FIELDS",
+    "ClusterConfig",
+    "ComponentConfig",
+    "cluster_section",
+    "parse_cluster_config",
+    "parse_components",
+    "parse_nodes_spec",
+]

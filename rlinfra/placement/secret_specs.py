@@ -1,0 +1,63 @@
+"""``cluster.secrets``: where each secret comes from, as records (the values are read at launch).
+
+    secrets:
+      HF_TOKEN: {from_env: HF_TOKEN}                 # the driver's environment
+      WANDB_API_KEY: {from_file: ~/.wandb_key, expose_as_env: true}
+
+Only the schema lives here, with the rest of the config; reading the values and handing them to
+workers outside Ray's records is the runtime's job (``rlinfra.runtime.secrets``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rlinfra.placement.config_access import as_mapping, reject_unknown_keys, require_str, to_plain
+from rlinfra.placement.errors import PlacementError
+
+_FIELDS = ("from_env", "from_file", "expose_as_env")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class SecretSpec:
+    """Where one secret comes from: ``from_env`` (a driver variable) or ``from_file`` (a path on
+    the driver's machine); ``expose_as_env`` also sets it in the worker process's environment."""
+
+    name: str
+    from_env: str | None = None
+    from_file: str | None = None
+    expose_as_env: bool = False
+
+    def describe(self) -> str:
+        origin = f"from_env {self.from_env}" if self.from_env else f"from_file {self.from_file}"
+        return origin + (", exposed as env" if self.expose_as_env else "")
+
+
+def parse_secret_specs(raw: Any, where: str = "cluster.secrets") -> tuple[SecretSpec, ...]:
+    """The ``secrets`` mapping as specs (none if absent); schema errors are ``PlacementError``."""
+    raw = to_plain(raw)
+    if raw is None:
+        return ()
+    specs = []
+    for name, entry in as_mapping(raw, where).items():
+        entry_where = f"{where}.{name}"
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise PlacementError(f"bad secret name {name!r}", where=where, expected="a name like HF_TOKEN")
+        fields = as_mapping(entry, entry_where)
+        reject_unknown_keys(fields, _FIELDS, entry_where)
+        sources = [key for key in ("from_env", "from_file") if fields.get(key) is not None]
+        if len(sources) != 1:
+            raise PlacementError(
+                "a secret needs exactly one source",
+                where=entry_where,
+                expected="{from_env: VARIABLE} or {from_file: PATH}",
+            )
+        expose = fields.get("expose_as_env", False)
+        if not isinstance(expose, bool):
+            raise PlacementError("expose_as_env must be true or false", where=f"{entry_where}.expose_as_env")
+        value = require_str(fields[sources[0]], f"{entry_where}.{sources[0]}")
+        specs.append(SecretSpec(name, **{sources[0]: value}, expose_as_env=expose))
+    return tuple(specs)

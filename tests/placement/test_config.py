@@ -1,0 +1,255 @@
+"""The cluster section, parsed once: every key known, nothing silently dropped, RLinf's spellings
+accepted, and one component spanning node groups of different kinds (GPUs and robots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from rlinfra.cli.main import app
+from rlinfra.placement import (
+    ClusterSpec,
+    ComponentPlacement,
+    FlexiblePlacementStrategy,
+    PackedPlacementStrategy,
+    PlacementError,
+    parse_cluster_config,
+)
+from rlinfra.placement.errors import Span
+
+ARM = {"type": "franka", "configs": [{"node_rank": 0, "robot_ip": "10.0.0.8"}]}
+# RLinf's multi-kind example: a node with 4 GPUs and one Franka arm, in two node groups.
+GPU_AND_ARM = [{"label": "gpu", "node_ranks": 0}, {"label": "franka", "node_ranks": 0, "hardware": ARM}]
+
+
+def parsed(**section: Any) -> Any:
+    return parse_cluster_config({"num_nodes": 2, **section})
+
+
+def refused(**section: Any) -> PlacementError:
+    with pytest.raises(PlacementError) as caught:
+        parsed(**section)
+    return caught.value
+
+
+class TestUnknownKeys:
+    @pytest.mark.parametrize(
+        ("section", "where", "problem"),
+        [
+            ({"node_grups": []}, "cluster", "unknown field 'node_grups'; did you mean 'node_groups'?"),
+            ({"simulate_cpu": 4}, "cluster", "unknown field 'simulate_cpu'; did you mean 'simulate_cpus'?"),
+            ({"nsight": {}}, "cluster", "unknown field 'nsight'"),
+            (
+                {"component_placement": {"a": {"placement": "0", "num_cpu": 1}}},
+                "cluster.component_placement.a",
+                "unknown field 'num_cpu'; did you mean 'num_cpus'?",
+            ),
+            (
+                {"node_groups": [{"label": "a", "node_ranks": 0, "hardwre": {}}]},
+                "cluster.node_groups[0]",
+                "unknown field 'hardwre'; did you mean 'hardware'?",
+            ),
+            (
+                {"node_groups": [{"label": "a", "node_ranks": 0, "env_configs": [{"env_var": {}}]}]},
+                "cluster.node_groups[0].env_configs[0]",
+                "unknown field 'env_var'; did you mean 'env_vars'?",
+            ),
+        ],
+    )
+    def test_are_refused_with_the_nearest_valid_key(self, section: Any, where: str, problem: str) -> None:
+        error = refused(**section)
+        assert (error.where, error.problem) == (where, problem)
+        assert error.expected is not None and error.expected.startswith("one of ")
+
+    def test_every_documented_key_is_accepted_and_typed(self) -> None:
+        config = parsed(
+            component_placement={"a": {"placement": "0-1", "num_cpus": 2}},
+            simulate="2x2",
+            simulate_cpus=8,
+            simulate_object_store_mib=128,
+            simulate_resources=[{"nvlink_domain_0": 2}, {}],
+            simulate_labels=[{"zone": "a"}, {"zone": "b"}],
+            node_timeout=5,
+            secrets={"HF_TOKEN": {"from_env": "HF_TOKEN"}},
+            env_allowlist=["WANDB_*"],
+            profiling={"backend": "nsight", "worker_groups": ["a"]},
+        )
+        assert config.simulate == (2, 2) and config.simulate_cpus == 8
+        assert config.simulate_resources == ({"nvlink_domain_0": 2}, {})
+        assert config.component("a") is not None and config.component("a").num_cpus == 2.0
+        assert [spec.name for spec in config.secrets] == ["HF_TOKEN"]
+        assert config.env_allowlist == ("WANDB_*",)
+        assert config.profiling is not None and config.profiling.backend == "nsight"
+
+    @pytest.mark.parametrize(
+        ("section", "problem"),
+        [
+            ({"simulate_cpus": 4}, "only used with cluster.simulate"),
+            ({"simulate_labels": [{}, {}]}, "only used with cluster.simulate"),
+            ({"simulate": "2x2", "address": "ray://head:10001"}, "cluster.simulate and cluster.address"),
+            ({"simulate": "3x2"}, "describes 3 nodes but cluster.num_nodes is 2"),
+            ({"node_timeout": 0}, "expected seconds"),
+            ({"component_placement": {"a": {"placement": "0", "num_cpus": -1}}}, "expected a number of CPUs"),
+            (
+                {"component_placement": {"a": {"placement": "0", "num_cpus": "two"}}},
+                "expected a number of CPUs",
+            ),
+        ],
+    )
+    def test_settings_nothing_would_use_or_that_cannot_work_are_refused(
+        self, section: Any, problem: str
+    ) -> None:
+        assert problem in refused(**section).problem
+
+
+class TestRlinfSpellings:
+    @pytest.mark.parametrize("written", ["all", "ALL", "All"])
+    def test_node_ranks_all_in_groups_and_env_configs(self, written: str) -> None:
+        group = {
+            "label": "g",
+            "node_ranks": written,
+            "env_configs": [{"node_ranks": written, "env_vars": {"A": "1"}}],
+        }
+        (parsed_group,) = parsed(node_groups=[group]).node_groups
+        assert parsed_group.node_ranks == (0, 1)
+        assert parsed_group.env_configs[0].node_ranks == (0, 1)
+
+    def test_env_configs_all_means_the_groups_nodes(self) -> None:
+        group = {"label": "g", "node_ranks": 1, "env_configs": [{"node_ranks": "all"}]}
+        (parsed_group,) = parsed(node_groups=[group]).node_groups
+        assert parsed_group.env_configs[0].node_ranks == (1,)
+
+    def test_env_vars_as_a_list_of_one_key_mappings(self) -> None:
+        group = {"label": "g", "node_ranks": 0, "env_configs": [{"env_vars": [{"A": "1"}, {"B": 2}]}]}
+        (parsed_group,) = parsed(node_groups=[group]).node_groups
+        assert dict(parsed_group.env_configs[0].env_vars) == {"A": "1", "B": "2"}
+
+
+class TestHardware:
+    def test_identical_entries_on_one_node_are_refused(self) -> None:
+        twice = {"type": "franka", "configs": [{"node_rank": 0, "robot_ip": "10.0.0.8"}] * 2}
+        error = refused(node_groups=[{"label": "arm", "node_ranks": 0, "hardware": twice}])
+        assert error.where == "cluster.node_groups[0].hardware.configs[1]"
+        assert error.problem.startswith("configs[1] repeats configs[0] on node 0")
+
+    def test_same_fields_on_different_nodes_are_two_units(self) -> None:
+        two = {"type": "cam", "configs": [{"node_rank": 0, "serial": "x"}, {"node_rank": 1, "serial": "x"}]}
+        (group,) = parsed(node_groups=[{"label": "cams", "node_ranks": "0-1", "hardware": two}]).node_groups
+        assert [(unit.node_rank, unit.index) for unit in group.hardware] == [(0, 0), (1, 0)]
+
+    def test_one_nodes_units_of_a_type_in_two_groups_are_refused(self) -> None:
+        groups = [
+            {"label": "a", "node_ranks": 0, "hardware": ARM},
+            {
+                "label": "b",
+                "node_ranks": 0,
+                "hardware": {"type": "franka", "configs": [{"node_rank": 0, "robot_ip": "x"}]},
+            },
+        ]
+        assert (
+            "node 0's franka hardware is declared by node groups 'a' and 'b'"
+            in refused(node_groups=groups).problem
+        )
+
+    def test_ignore_hardware_with_hardware_is_refused(self) -> None:
+        group = {"label": "a", "node_ranks": 0, "hardware": ARM, "ignore_hardware": True}
+        assert "cannot declare hardware" in refused(node_groups=[group]).problem
+
+
+class TestInterpreter:
+    def test_relative_path_is_refused_with_a_caret(self) -> None:
+        group = {
+            "label": "g",
+            "node_ranks": 0,
+            "env_configs": [{"python_interpreter_path": "venv/bin/python"}],
+        }
+        error = refused(node_groups=[group])
+        assert error.where == "cluster.node_groups[0].env_configs[0].python_interpreter_path"
+        assert (error.text, error.span) == ("venv/bin/python", Span(0, 15))
+        assert "relative" in error.problem
+
+    def test_two_interpreters_for_one_node_are_refused(self) -> None:
+        configs = [
+            {"node_ranks": "0-1", "python_interpreter_path": "/opt/a/python"},
+            {"node_ranks": 1, "python_interpreter_path": "/opt/b/python"},
+        ]
+        error = refused(node_groups=[{"label": "g", "node_ranks": "0-1", "env_configs": configs}])
+        assert (
+            "node 1 gets python_interpreter_path '/opt/a/python' from entry 0 and '/opt/b/python'"
+            in error.problem
+        )
+
+
+class TestMultiKindPlacement:
+    """RLinf: ``{node_group: "gpu,franka", placement: "0,4"}`` on a node with 4 GPUs and a Franka."""
+
+    def spec(self) -> ClusterSpec:
+        return ClusterSpec.from_config({"num_nodes": 1, "node_groups": GPU_AND_ARM}, 4)
+
+    def test_component_placement(self) -> None:
+        cfg = {
+            "cluster": {
+                "num_nodes": 1,
+                "node_groups": GPU_AND_ARM,
+                "component_placement": {"env": {"node_group": "gpu,franka", "placement": "0,4"}},
+            }
+        }
+        placement = ComponentPlacement(cfg, self.spec())
+        gpu, arm = placement.get_placements("env")
+        assert (gpu.hardware_type, gpu.local_hardware_ranks, gpu.visible_devices) == ("GPU", [0], "0")
+        assert (gpu.node_group_label, gpu.visibility_env) == ("gpu", {"CUDA_VISIBLE_DEVICES": "0"})
+        assert (arm.hardware_type, arm.local_hardware_ranks, arm.visible_devices) == ("franka", [0], None)
+        assert (arm.node_group_label, arm.visibility_env, arm.hardware_ranks) == ("franka", {}, [4])
+        assert (gpu.local_rank, arm.local_rank, arm.local_world_size) == (0, 1, 2)
+        assert placement.get_hardware_ranks("env") == [0, 4]
+
+    def test_strategies_by_hand(self) -> None:
+        spec = self.spec()
+        flexible = FlexiblePlacementStrategy([[4], [0]], node_group_label=["gpu", "franka"]).get_placement(
+            spec
+        )
+        packed = PackedPlacementStrategy(0, 4, node_group=["gpu", "franka"]).get_placement(spec)
+        for placements in (flexible, packed[::4]):
+            assert [(p.hardware_type, p.hardware_ranks) for p in placements] == [
+                ("GPU", [0]),
+                ("franka", [4]),
+            ]
+        assert [p.hardware_type for p in packed] == ["GPU"] * 4 + ["franka"]
+
+    def test_one_process_may_not_own_two_kinds(self) -> None:
+        with pytest.raises(PlacementError, match="process 0 would own resources of different kinds"):
+            FlexiblePlacementStrategy([[3, 4]], node_group_label="gpu,franka").get_placement(self.spec())
+
+
+REFUSED_CONFIGS = {
+    "typo": "cluster:\n  num_nodes: 1\n  node_grups: []\n  component_placement: {a: '0'}\n",
+    "twice": (
+        "cluster:\n  num_nodes: 1\n  component_placement: {a: {node_group: arm, placement: '0'}}\n"
+        "  node_groups:\n    - label: arm\n      node_ranks: 0\n      hardware:\n        type: franka\n"
+        "        configs: [{node_rank: 0, ip: x}, {node_rank: 0, ip: x}]\n"
+    ),
+    "relative": (
+        "cluster:\n  num_nodes: 1\n  component_placement: {a: '0'}\n  node_groups:\n"
+        "    - {label: g, node_ranks: 0, env_configs: [{python_interpreter_path: bin/python}]}\n"
+    ),
+    "steps": (
+        "cluster:\n  num_nodes: 1\n  component_placement: {a: '0'}\n"
+        "  profiling: {backend: nsight, steps: [1]}\n"
+    ),
+    "num_cpus": "cluster:\n  num_nodes: 1\n  component_placement: {a: {placement: '0', num_cpus: -2}}\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_CONFIGS))
+def test_each_refused_input_exits_2_from_plan_without_a_traceback(name: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(REFUSED_CONFIGS[name])
+    result = CliRunner().invoke(
+        app, ["plan", str(path), "--nodes", "1x8"], env={"COLUMNS": "200", "NO_COLOR": "1"}
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.output
