@@ -19,7 +19,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -300,6 +300,51 @@ class WorkerGroup:
         if 0 <= rank < len(self.placements):
             return self.placements[rank].cluster_node_rank
         return None
+
+    def node_id_of(self, rank: int) -> str | None:
+        """The Ray node id the worker of ``rank`` started on, as it reported when it came up."""
+        if 0 <= rank < len(self.worker_info):
+            return self.worker_info[rank]["node_id"]
+        return None
+
+    @property
+    def cluster(self) -> Cluster:
+        """The cluster the group was launched on."""
+        if self._cluster is None:
+            raise RuntimeError(f"worker group {self.name!r} is not launched (call .launch first)")
+        return self._cluster
+
+    def call(
+        self,
+        method: str | Callable[..., Any],
+        ranks: Sequence[int] | None = None,
+        per_rank: Sequence[tuple[Any, ...]] | None = None,
+        *,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        action: str | None = None,
+    ) -> GroupCall:
+        """Call ``method`` on ``ranks`` (every rank by default) and return the pending ``GroupCall``.
+
+        ``method`` is a method's name or the method itself (``WeightReceiver.weights_swap``), so
+        that a reader can follow the call into the worker. Rank ``ranks[i]`` gets
+        ``*per_rank[i]`` when ``per_rank`` is given, else ``*args``; every rank gets ``kwargs``.
+        ``timeout`` is the default deadline of ``wait`` (the group's ``call_timeout`` otherwise);
+        ``action`` names the call in errors (the method's name otherwise). This is the one door
+        other layers use to reach a group's workers.
+        """
+        name = method if isinstance(method, str) else method.__name__
+        chosen = self.ranks if ranks is None else list(ranks)
+        if per_rank is not None and len(per_rank) != len(chosen):
+            raise ValueError(f"{self.name}.{name}: {len(per_rank)} argument tuples for {len(chosen)} ranks")
+        calls = per_rank if per_rank is not None else [args] * len(chosen)
+        extra = dict(kwargs or {})
+        refs = [
+            getattr(self.actors[rank], name).remote(*call, **extra)
+            for rank, call in zip(chosen, calls, strict=True)
+        ]
+        return self._call(action or name, refs, chosen, timeout=timeout)
 
     def _call(
         self,
