@@ -22,6 +22,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check rlinfra tests benchmarks examples
 	$(BIN)/ruff format --check rlinfra tests benchmarks examples
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest

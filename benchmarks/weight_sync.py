@@ -42,7 +42,8 @@ import numpy as np
 import ray
 import xxhash
 
-from rlinfra import Cluster, ComponentPlacement, Worker, rendezvous
+from rlinfra import Cluster, ComponentPlacement, Worker
+from rlinfra.runtime import rendezvous
 from rlinfra.services.weights import WeightReceiver, WeightSender, WeightSync
 from rlinfra.services.weights.buckets import checksum, copy_and_hash
 

@@ -5,8 +5,7 @@ first use so that ``rlinfra plan`` and pure planning code stay light. The names 
 (``rlinf.scheduler``), so an RLinf driver moves over by changing its imports.
 """
 
-from typing import Any
-
+from rlinfra.lazy_exports import lazy_exports
 from rlinfra.placement import (
     ComponentPlacement,
     FlexiblePlacementStrategy,
@@ -44,10 +43,4 @@ __all__ = [
     *_RUNTIME_NAMES,
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _RUNTIME_NAMES:
-        from rlinfra import runtime
-
-        return getattr(runtime, name)
-    raise AttributeError(f"module 'rlinfra' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, dict.fromkeys(_RUNTIME_NAMES, "rlinfra.runtime"))

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import omegaconf._utils
 import yaml
@@ -226,7 +226,7 @@ def _searchpath_overrides(written: DictConfig) -> tuple[list[str], list[str]]:
         return [], []
     kept: list[str] = []
     skipped: list[str] = []
-    raw = OmegaConf.to_container(searchpath, resolve=False)
+    raw = cast(list[Any], OmegaConf.to_container(searchpath, resolve=False))  # a ListConfig: a list
     for index, text in enumerate(raw):
         try:
             kept.append(str(searchpath[index]))
@@ -284,7 +284,7 @@ def _describe_sub_config_yaml_error(primary: Path, error: yaml.MarkedYAMLError) 
 
 def _resolved_section(where: str, cfg: DictConfig, name: str) -> Any:
     """Top-level section ``name`` as plain values, its interpolations resolved against ``cfg``."""
-    raw = OmegaConf.to_container(cfg, resolve=False)[name]
+    raw = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=False))[name]  # a DictConfig: a dict
     _resolve_all(where, cfg, {name: raw}, "")
     section = cfg[name]
     return (

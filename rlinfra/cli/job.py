@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
+from rlinfra.cli.options import ConfigArgument, argument, option
 from rlinfra.placement import PlacementError
 from rlinfra.services.jobs import (
     TERMINAL_STATUSES,
@@ -46,77 +47,69 @@ job_app = typer.Typer(
 
 AddressOption = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--address",
         metavar="URL",
         help="Dashboard address of the cluster. Default: RAY_ADDRESS, else http://127.0.0.1:8265.",
-        show_default=False,
     ),
 ]
 JobIdArgument = Annotated[
     str,
-    typer.Argument(metavar="ID", help="Submission id (from `job submit` or `job list`).", show_default=False),
+    argument(metavar="ID", help="Submission id (from `job submit` or `job list`)."),
 ]
 
 
 @job_app.command("submit")
 def submit(
-    config: Annotated[
-        Path, typer.Argument(metavar="CONFIG", help="YAML config with a cluster section.", show_default=False)
-    ],
+    config: ConfigArgument,
     entrypoint: Annotated[
         list[str],
-        typer.Argument(
+        argument(
             metavar="-- ENTRYPOINT...",
             help="The command to run on the head, after `--`. One argument is taken as a shell command.",
-            show_default=False,
         ),
     ],
     address: AddressOption = None,
     require: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--require",
             metavar="NAME=N",
             help="Refuse to submit unless the cluster has exactly N of resource NAME (repeatable), "
             "e.g. GPU=16.",
-            show_default=False,
         ),
     ] = None,
     env: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--env",
             metavar="NAME=VALUE",
             help="An env var for the job (repeatable); overrides runtime_env.env_vars of the config. "
             "Credential-looking names and values are refused.",
-            show_default=False,
         ),
     ] = None,
     working_dir: Annotated[
         Path | None,
-        typer.Option(
+        option(
             "--working-dir",
             metavar="DIR",
             help="Upload DIR and run the entrypoint in it.",
             file_okay=False,
-            show_default=False,
         ),
     ] = None,
     submission_id: Annotated[
         str | None,
-        typer.Option("--submission-id", metavar="ID", help="Choose the job's id.", show_default=False),
+        option("--submission-id", metavar="ID", help="Choose the job's id."),
     ] = None,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="Print the id and return instead of following the logs.")
     ] = False,
     timeout: Annotated[
         float | None,
-        typer.Option(
+        option(
             "--timeout",
             metavar="SECONDS",
             help="Stop following after SECONDS (the job keeps running). Default: until it ends.",
-            show_default=False,
         ),
     ] = None,
 ) -> None:
@@ -169,11 +162,10 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     timeout: Annotated[
         float | None,
-        typer.Option(
+        option(
             "--timeout",
             metavar="SECONDS",
             help="With --follow: stop following after SECONDS. Default: until the job ends.",
-            show_default=False,
         ),
     ] = None,
 ) -> None:

@@ -95,7 +95,7 @@ def nodes_table(loads: Sequence[NodeLoad], show_all: bool) -> Table:
         table.add_column(column)
     shown = [load for index, load in enumerate(loads) if show_all or index < NODE_ROWS or load.cpu_shortfall]
     for load in shown:
-        cells = [str(load.node), _amounts(load.reserves)]
+        cells: list[str | Text] = [str(load.node), _amounts(load.reserves)]
         if known:
             cells += [f"CPU {_number(load.cpus or 0.0)}", _fit(load)]
         table.add_row(*cells)

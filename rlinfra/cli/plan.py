@@ -11,7 +11,6 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -22,6 +21,7 @@ from rich.text import Text
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.layout_view import LayoutError, plan_job_layout
 from rlinfra.cli.node_view import node_loads, overload_message, overloaded, parse_cpus
+from rlinfra.cli.options import argument, option
 from rlinfra.cli.plan_view import (
     dumps_plan,
     env_table,
@@ -31,10 +31,15 @@ from rlinfra.cli.plan_view import (
     render_plan,
     save_map_svg,
 )
-from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
+from rlinfra.placement import (
+    ClusterConfig,
+    ClusterSpec,
+    ComponentPlacement,
+    PlacementError,
+    parse_cluster_config,
+)
 from rlinfra.placement.config import parse_nodes_spec
-from rlinfra.placement.config_access import to_plain
-from rlinfra.runtime.env import driver_allowlist, resolve_worker_env
+from rlinfra.runtime.env import WorkerEnvs, driver_allowlist
 
 USAGE_ERROR = 2
 DOES_NOT_FIT = 1  # the plan is valid but some node cannot hold what it reserves
@@ -44,39 +49,35 @@ DEFAULT_ACCELERATORS = 8
 def plan(
     config: Annotated[
         Path,
-        typer.Argument(
+        argument(
             metavar="CONFIG",
             help="YAML config with a cluster section, or a Hydra config directory with --config-name.",
-            show_default=False,
         ),
     ],
     config_name: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--config-name",
             metavar="NAME",
             help="Compose config NAME of the Hydra config directory CONFIG (as @hydra.main would).",
-            show_default=False,
         ),
     ] = None,
     nodes: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--nodes",
             metavar="SPEC",
             help="Accelerators per node: 'NxG' (e.g. 2x8) or per-node counts (e.g. 8,8,4,0). "
             "Default: cluster.simulate, else 8 per node.",
-            show_default=False,
         ),
     ] = None,
     cpus: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--cpus",
             metavar="SPEC",
             help="CPUs per node, to check that each node can hold what it reserves: one count for "
             "all (e.g. 64) or one per node (64,64,32). Default: cluster.simulate_cpus when simulating.",
-            show_default=False,
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
@@ -91,11 +92,10 @@ def plan(
     ] = False,
     env: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--env",
             metavar="COMPONENT",
             help="Show the environment of one process of COMPONENT, each value with its source.",
-            show_default=False,
         ),
     ] = None,
     rank: Annotated[int, typer.Option("--rank", min=0, help="With --env: which rank of the component.")] = 0,
@@ -109,10 +109,9 @@ def plan(
     """
     errors = make_console(stderr=True)
     try:
-        cfg = load_cluster_config(config, config_name)
-        counts = accelerator_counts(cfg.cluster, nodes, errors)
-        spec = ClusterSpec.from_config(cfg.cluster, counts)
-        placement = ComponentPlacement(cfg, spec)
+        cluster = parse_cluster_config(load_cluster_config(config, config_name).cluster)
+        spec = ClusterSpec.from_config(cluster, accelerator_counts(cluster, nodes, errors))
+        placement = ComponentPlacement({"cluster": cluster}, spec)
         secrets = placement.config.secrets
         allowlist = driver_allowlist(placement.config.env_allowlist)
         layout = plan_job_layout(placement)
@@ -165,13 +164,13 @@ def _show_env(
     if rank >= len(records):
         fail(errors, PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank"))
     record = records[rank]
-    resolved = resolve_worker_env(
-        record,
+    envs = WorkerEnvs(
         placement.cluster_spec,
         component_env=placement.get_env_vars(component),
         component=component,
         allowlist=allowlist,
     )
+    resolved = envs.of(record)
     if as_json:
         typer.echo(dumps_plan(env_to_dict(component, record, resolved, secrets)))
     else:
@@ -182,28 +181,28 @@ def _one_of(placement: ComponentPlacement) -> str:
     return "one of " + ", ".join(repr(name) for name in placement.components)
 
 
-def accelerator_counts(cluster: Mapping[str, Any], nodes: str | None, notes: Console) -> int | list[int]:
-    """Accelerators per node from ``--nodes``, else ``cluster.simulate``, else a stated default."""
+def accelerator_counts(config: ClusterConfig, nodes: str | None, notes: Console) -> int | list[int]:
+    """Accelerators per node from ``--nodes``, else ``cluster.simulate``, else RLinf's
+    ``cluster.num_gpus_per_node``, else a stated default."""
     if nodes is not None:
-        counts, source = parse_nodes_spec(nodes, "--nodes"), "--nodes"
-    elif cluster.get("simulate") is not None:
-        counts = parse_nodes_spec(to_plain(cluster.get("simulate")), "cluster.simulate")
-        source = "cluster.simulate"
-    else:
-        notes.print(
-            f"note: neither --nodes nor cluster.simulate is given; assuming {DEFAULT_ACCELERATORS} "
-            "accelerators per node",
-            style="dim",
-        )
-        return DEFAULT_ACCELERATORS
-    _check_node_count(counts, cluster.get("num_nodes"), source)
-    return counts
+        counts = parse_nodes_spec(nodes, "--nodes")
+        _check_node_count(counts, config.num_nodes, "--nodes")
+        return counts
+    if config.simulate is not None:
+        return list(config.simulate)
+    if config.num_gpus_per_node is not None:
+        return config.num_gpus_per_node
+    notes.print(
+        f"note: neither --nodes, cluster.simulate nor cluster.num_gpus_per_node is given; assuming "
+        f"{DEFAULT_ACCELERATORS} accelerators per node",
+        style="dim",
+    )
+    return DEFAULT_ACCELERATORS
 
 
-def _check_node_count(counts: list[int], num_nodes: Any, source: str) -> None:
-    """A size mismatch is almost always a wrong file or a typo, so say which numbers disagree.
-    A missing or non-integer ``num_nodes`` is left to the engine, which names the field."""
-    if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) and len(counts) != num_nodes:
+def _check_node_count(counts: list[int], num_nodes: int, source: str) -> None:
+    """A size mismatch is almost always a wrong file or a typo, so say which numbers disagree."""
+    if len(counts) != num_nodes:
         raise PlacementError(
             f"{_nodes(len(counts))} given, but cluster.num_nodes is {num_nodes}",
             where=source,

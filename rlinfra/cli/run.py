@@ -14,13 +14,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.cli.config_loading import ConfigError, load_config
+from rlinfra.cli.options import argument
 from rlinfra.cli.plan import fail
 from rlinfra.cli.plan_view import make_console
 
@@ -28,15 +29,11 @@ from rlinfra.cli.plan_view import make_console
 def run(
     config: Annotated[
         Path,
-        typer.Argument(
-            metavar="CONFIG", help="YAML config with cluster and run sections.", show_default=False
-        ),
+        argument(metavar="CONFIG", help="YAML config with cluster and run sections."),
     ],
     overrides: Annotated[
         list[str] | None,
-        typer.Argument(
-            metavar="[KEY=VALUE]...", help="Overrides, e.g. algo.iterations=50.", show_default=False
-        ),
+        argument(metavar="[KEY=VALUE]...", help="Overrides, e.g. algo.iterations=50."),
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
 ) -> None:
@@ -48,7 +45,7 @@ def run(
             malformed = [item for item in overrides if "=" not in item or item.startswith("=")]
             if malformed:
                 raise ConfigError(f"override {malformed[0]!r}: expected KEY=VALUE, e.g. algo.iterations=50")
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+            cfg = cast(DictConfig, OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))))
         entry = resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config)
     except (ConfigError, OmegaConfBaseException) as error:
         fail(errors, error)

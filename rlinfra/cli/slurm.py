@@ -14,6 +14,7 @@ from rich.console import Console
 
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.job import fail
+from rlinfra.cli.options import ConfigArgument, argument, option
 from rlinfra.placement import PlacementError
 from rlinfra.services.slurm import (
     DEFAULT_NODE_TIMEOUT_S,
@@ -34,15 +35,12 @@ slurm_app = typer.Typer(
 
 @slurm_app.command("render")
 def render(
-    config: Annotated[
-        Path, typer.Argument(metavar="CONFIG", help="YAML config with a cluster section.", show_default=False)
-    ],
+    config: ConfigArgument,
     driver: Annotated[
         list[str],
-        typer.Argument(
+        argument(
             metavar="-- DRIVER...",
             help="The driver command, after `--`, e.g. -- python main.py conf.yaml.",
-            show_default=False,
         ),
     ],
     output: Annotated[
@@ -57,53 +55,47 @@ def render(
     ] = None,
     gpus_per_node: Annotated[
         int | None,
-        typer.Option(
+        option(
             "--gpus-per-node",
             metavar="N",
             help="GPUs per node. Default: from cluster.simulate ('NxG'), else Ray detects them.",
-            show_default=False,
         ),
     ] = None,
     cpus_per_node: Annotated[
         int | None,
-        typer.Option(
+        option(
             "--cpus-per-node",
             metavar="N",
             help="CPUs per node for Ray (and Slurm's --cpus-per-task). Recommended: without it a Slurm "
             "step may get one CPU.",
-            show_default=False,
         ),
     ] = None,
     partition: Annotated[
         str | None,
-        typer.Option("--partition", "-p", metavar="P", help="Slurm partition.", show_default=False),
+        option("--partition", "-p", metavar="P", help="Slurm partition."),
     ] = None,
     time_limit: Annotated[
         str | None,
-        typer.Option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00.", show_default=False),
+        option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00."),
     ] = None,
     job_name: Annotated[
         str | None,
-        typer.Option(
-            "--job-name", "-J", metavar="NAME", help="Default: the config's file name.", show_default=False
-        ),
+        option("--job-name", "-J", metavar="NAME", help="Default: the config's file name."),
     ] = None,
     sbatch: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--sbatch",
             metavar="OPTION",
             help="Another #SBATCH option (repeatable), e.g. --sbatch account=rl.",
-            show_default=False,
         ),
     ] = None,
     setup: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--setup",
             metavar="LINE",
             help="A shell line run first (repeatable), e.g. 'source .venv/bin/activate'.",
-            show_default=False,
         ),
     ] = None,
     port: Annotated[int, typer.Option("--port", metavar="PORT", help="The head's GCS port.")] = DEFAULT_PORT,

@@ -98,6 +98,20 @@ class ClusterSpec:
     def _pools(self) -> dict[tuple[tuple[str, ...], bool], ResourcePool]:
         return {}
 
+    def check_accelerators_per_node(self, expected: int | None) -> None:
+        """RLinf's ``cluster.num_gpus_per_node``: every node must have that many accelerators
+        (a live cluster that does not is the wrong cluster, or a node lost its devices)."""
+        if expected is None:
+            return
+        wrong = [node for node in self.nodes if node.num_accelerators != expected]
+        if wrong:
+            listed = ", ".join(f"node {node.rank} has {node.num_accelerators}" for node in wrong[:4])
+            raise PlacementError(
+                f"cluster.num_gpus_per_node is {expected}, but {listed}",
+                where="cluster.num_gpus_per_node",
+                expected=f"{expected} accelerators on every node, or the count the nodes have",
+            )
+
     def hardware_units(self, placement: Placement) -> tuple[HardwareUnit, ...]:
         """The custom hardware units a process drives (none for accelerators and whole nodes)."""
         group = self.node_groups.get(placement.node_group_label)

@@ -8,6 +8,7 @@ cluster spec and placement (``node_groups``, ``components``), the runtime (``add
 
     cluster:
       num_nodes: 2
+      num_gpus_per_node: 8        # RLinf's: what a dry run assumes, what each live node must have
       component_placement: {actor: 0-7, env: {node_group: node, placement: 0-1, num_cpus: 2}}
       node_groups: [...]          # rlinfra.placement.node_groups
       address: ray://head:10001   # attach instead of starting an embedded Ray
@@ -49,6 +50,7 @@ DEFAULT_SIMULATED_CPUS = 16  # logical CPUs of a simulated node when simulate_cp
 
 CLUSTER_FIELDS = (
     "num_nodes",
+    "num_gpus_per_node",
     "component_placement",
     "node_groups",
     "address",
@@ -61,8 +63,23 @@ CLUSTER_FIELDS = (
     "secrets",
     "env_allowlist",
     "profiling",
+    "auto_scheduler",  # RLinf's; accepted only as false (see _refuse_auto_scheduler)
 )
 COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus")
+# RLinf's dynamic scheduler (GPUs moved between rollout and training at run time), which rlinfra
+# does not provide: with ``auto_scheduler: false`` and none of its settings, nothing is lost.
+AUTO_SCHEDULER_FIELDS = (
+    "auto_scheduler",
+    "assign_policy",
+    "use_pre_process_policy",
+    "rollout_use_all_gpus",
+    "monitor_interval",
+    "preprocess_threshold",
+    "migrate_out_max_bs",
+    "use_wait_before_last_iter_policy",
+    "fuse_rollout_inference_only",
+    "recreate_nccl_groups",
+)
 
 _UNIFORM_SPEC = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*")
 _COUNT = re.compile(r"\s*[0-9]+\s*")
@@ -90,6 +107,7 @@ class ClusterConfig:
     ``simulate_resources``/``simulate_labels`` one mapping per simulated node."""
 
     num_nodes: int
+    num_gpus_per_node: int | None = None
     components: tuple[ComponentConfig, ...] = ()
     node_groups: tuple[NodeGroup, ...] = ()
     address: str | None = None
@@ -114,6 +132,7 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
     if isinstance(section, ClusterConfig):
         return section
     raw = as_mapping(section, where)
+    _refuse_auto_scheduler(raw, where)
     reject_unknown_keys(raw, CLUSTER_FIELDS, where)
     num_nodes = require_int(raw.get("num_nodes"), f"{where}.num_nodes", minimum=1)
     if num_nodes > MAX_NODES:
@@ -131,6 +150,7 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
         )
     return ClusterConfig(
         num_nodes=num_nodes,
+        num_gpus_per_node=_gpus_per_node(raw.get("num_gpus_per_node"), simulate, where),
         components=parse_components(
             raw.get("component_placement"), num_nodes, f"{where}.component_placement"
         ),
@@ -347,7 +367,8 @@ def _simulate(value: Any, num_nodes: int, where: str) -> tuple[int, ...] | None:
     counts = parse_nodes_spec(value, f"{where}.simulate")
     if len(counts) != num_nodes:
         raise PlacementError(
-            f"cluster.simulate describes {len(counts)} nodes but cluster.num_nodes is {num_nodes}",
+            f"{len(counts)} node{'' if len(counts) == 1 else 's'} given, "
+            f"but cluster.num_nodes is {num_nodes}",
             where=f"{where}.simulate",
             expected=f"exactly {num_nodes} nodes, e.g. '{num_nodes}x8', or change cluster.num_nodes",
         )
@@ -370,6 +391,34 @@ def _per_node(value: Any, simulate: tuple[int, ...] | None, where: str) -> tuple
             expected=f"a list of {len(simulate)} mappings",
         )
     return tuple(dict(as_mapping(entry or {}, f"{where}[{index}]")) for index, entry in enumerate(value))
+
+
+def _refuse_auto_scheduler(raw: Mapping[str, Any], where: str) -> None:
+    """RLinf's ``auto_scheduler`` settings: ``auto_scheduler: false`` alone is what rlinfra does
+    anyway; anything else asks for a scheduler rlinfra does not have, so it is refused by name."""
+    given = [key for key in AUTO_SCHEDULER_FIELDS if key in raw]
+    if not given or (given == ["auto_scheduler"] and raw["auto_scheduler"] is False):
+        return
+    raise PlacementError(
+        f"{', '.join(given)}: RLinf's dynamic scheduler (moving GPUs between rollout and training "
+        "while the job runs) is not part of rlinfra",
+        where=f"{where}.{given[0]}",
+        expected="a static component_placement; remove these keys (or set auto_scheduler: false alone)",
+    )
+
+
+def _gpus_per_node(value: Any, simulate: tuple[int, ...] | None, where: str) -> int | None:
+    """RLinf's ``num_gpus_per_node``: what a dry run assumes and a live cluster must have."""
+    if value is None:
+        return None
+    count = require_int(value, f"{where}.num_gpus_per_node")
+    if simulate is not None and set(simulate) != {count}:
+        raise PlacementError(
+            f"cluster.num_gpus_per_node is {count} but cluster.simulate gives {list(simulate)}",
+            where=f"{where}.num_gpus_per_node",
+            expected="the same accelerator count on every simulated node, or no num_gpus_per_node",
+        )
+    return count
 
 
 def _simulated(raw: Mapping[str, Any], key: str, simulate: Any, minimum: int, where: str) -> int | None:

@@ -4,8 +4,7 @@ Names are loaded on first use: ``rlinfra.runtime.bundles`` (the pure layout tabl
 importable without pulling in Ray, for ``rlinfra plan``.
 """
 
-from importlib import import_module
-from typing import Any
+from rlinfra.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Cluster": "rlinfra.runtime.cluster",
@@ -21,15 +20,9 @@ _EXPORTS = {
     "WorkerGroupError": "rlinfra.runtime.errors",
     "fuse": "rlinfra.runtime.fused",
     "compose_env": "rlinfra.runtime.env",
-    "looks_like_secret": "rlinfra.runtime.env",
     "SecretError": "rlinfra.runtime.secrets",
     "TopologyError": "rlinfra.runtime.topology",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'rlinfra.runtime' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -88,6 +88,7 @@ class LayoutPlan:
 
 
 Device = tuple[int, str, int]  # (node rank, hardware type, node-local index)
+BundleKey = tuple[int, int, str, tuple[int, ...]]  # (node rank, 0 devices | 1 node CPUs, kind, devices)
 
 
 class _DisjointSets:
@@ -142,10 +143,10 @@ def plan_layout(
     members: dict[Device, list[Device]] = {}
     for device in sorted(users):
         members.setdefault(sets.find(device), []).append(device)
-    key_of_root = {
+    key_of_root: dict[Device, BundleKey] = {
         root: (root[0], 0, root[1], tuple(index for _, _, index in group)) for root, group in members.items()
     }
-    keys = set(key_of_root.values()) | {(node, 1, NODE_KIND, ()) for node in node_users}
+    keys: set[BundleKey] = set(key_of_root.values()) | {(node, 1, NODE_KIND, ()) for node in node_users}
     ordered = sorted(keys)
     index_of = {key: index for index, key in enumerate(ordered)}
 
@@ -164,7 +165,8 @@ def plan_layout(
             else:
                 index = index_of[key_of_root[sets.find(devices[0])]]
                 users_share = sum(1 / users[device] for device in devices)
-            cpu = reservable(users_share) if cpus[name] is None else cpus[name]
+            given = cpus[name]
+            cpu = reservable(users_share) if given is None else given
             bundles[index]["CPU"] = round(bundles[index]["CPU"] + cpu, 4)
             reserved = kind in VISIBILITY_ENV or kind in node_resources.get(node, {})
             if devices and reserved:
@@ -177,8 +179,8 @@ def plan_layout(
         reservations[name] = rows
     for bundle in bundles:
         bundle["CPU"] = max(bundle["CPU"], MIN_BUNDLE_CPU)
-    nodes, devices = [key[0] for key in ordered], [key[3] for key in ordered]
-    return LayoutPlan(bundles, nodes, devices, reservations, labels)
+    nodes, bundle_devices = [key[0] for key in ordered], [key[3] for key in ordered]
+    return LayoutPlan(bundles, nodes, bundle_devices, reservations, labels)
 
 
 def reservable(share: float) -> float:
@@ -232,14 +234,3 @@ def _reservation(index: int, num_cpus: float, kind: str, share: float) -> ActorR
     if kind == "GPU":
         return ActorReservation(index, num_cpus, share)
     return ActorReservation(index, num_cpus, 0.0, {kind: share} if share else {})
-
-
-def plan_bundles(
-    placements: Sequence[Placement],
-    num_cpus: float | None = None,
-    node_resources: Mapping[int, Mapping[str, float]] | None = None,
-    constraints: Sequence[Constraints] | None = None,
-) -> LayoutPlan:
-    """The layout of a single component (a group launched on its own)."""
-    per_rank = {"_": constraints} if constraints is not None else None
-    return plan_layout({"_": list(placements)}, num_cpus, node_resources, per_rank)

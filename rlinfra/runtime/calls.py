@@ -4,6 +4,7 @@
 in a collective leaves the driver hanging until an NCCL/gloo timeout. ``GroupCall.wait`` instead
 watches the refs as they complete and raises ``WorkerGroupError`` at the first failure, naming the
 rank, its node and the remote traceback, with the results of the ranks that did finish.
+``wait_all`` does the same for several calls (several groups) under one deadline.
 """
 
 from __future__ import annotations
@@ -91,17 +92,18 @@ class GroupCall:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
             self._collect(ready, results, failures)
         elif pending:
-            for ref in pending:
-                rank = self._rank_of[ref]
-                failures[rank] = RankFailure(
-                    rank, self._node_of_rank(rank), f"no answer within {limit:g} s (still running)"
-                )
+            failures = self._no_answer(pending, limit)
             pending = []
         if failures:
             still_running = self._blame_lost_nodes(failures, [self._rank_of[ref] for ref in pending])
             raise WorkerGroupError(self.group_name, self.action, failures, results, still_running)
         ordered = [results[rank] for rank in self.ranks]
         return self._gather(ordered) if self._gather else ordered
+
+    def _no_answer(self, pending: Sequence[ray.ObjectRef], limit: float) -> dict[int, RankFailure]:
+        reason = f"no answer within {limit:g} s (still running)"
+        ranks = [self._rank_of[ref] for ref in pending]
+        return {rank: RankFailure(rank, self._node_of_rank(rank), reason) for rank in ranks}
 
     def _collect(self, ready: list[Any], results: dict[int, Any], failures: dict[int, RankFailure]) -> None:
         for ref in ready:
@@ -149,6 +151,42 @@ class GroupCall:
 
     def __repr__(self) -> str:
         return f"GroupCall({self.group_name}.{self.action}, ranks={len(self.ranks)})"
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (``time.monotonic()``), never negative."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def wait_all(calls: Sequence[GroupCall], timeout: float) -> list[Any]:
+    """Each call's results (as its ``wait`` gives them), under one deadline for all of them.
+
+    Raises ``WorkerGroupError`` at the first failure in any call: waiting call by call would hold
+    one group's error back until another's timeout. At the deadline, the first call with ranks
+    that never answered names them.
+    """
+    deadline = time.monotonic() + timeout
+    owner = {ref: call for call in calls for ref in call.refs}
+    pending = list(owner)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            late = next(call for call in calls if not set(call.refs).isdisjoint(pending))
+            unanswered = [ref for ref in late.refs if ref in pending]
+            raise WorkerGroupError(late.group_name, late.action, late._no_answer(unanswered, timeout))
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        failed = next((owner[ref] for ref in ready if _raised(ref)), None)
+        if failed is not None:
+            failed.wait(timeout=FAILURE_GRACE_S)  # raises, naming the rank and its traceback
+    return [call.wait(timeout=FAILURE_GRACE_S) for call in calls]
+
+
+def _raised(ref: ray.ObjectRef) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayError:
+        return True
+    return False
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:

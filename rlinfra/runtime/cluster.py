@@ -9,6 +9,7 @@ ranks them stably, and builds a ``ClusterSpec`` from what Ray reports, so that
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -58,7 +59,7 @@ class Cluster:
                 labels_per_node=_listed(config.simulate_labels),
             )
         elif address:
-            ray.init(address=address, logging_level="warning")
+            ray.init(address=address, logging_level=logging.WARNING)
             self._connected_here = True
         else:
             self._embedded = EmbeddedRay.start_local()
@@ -67,6 +68,7 @@ class Cluster:
             self.spec = ClusterSpec.build(
                 [NodeSpec(node.rank, node.accelerator[1], node.accelerator[0]) for node in self.nodes], config
             )
+            self.spec.check_accelerators_per_node(config.num_gpus_per_node)
         except BaseException:
             self.shutdown()
             raise

@@ -79,7 +79,7 @@ class EmbeddedRay:
                     num_gpus=count,
                     resources=extra[rank],
                     labels=labels[rank],
-                    **store,
+                    **store,  # type: ignore[arg-type]  # Ray types its **node_args too narrowly
                 )
             ray.init(address=simulated.address, **_quiet())
         except BaseException:
@@ -97,6 +97,8 @@ class EmbeddedRay:
 
     def kill_node(self, node: Any) -> None:
         """Kill a simulated node's processes without a graceful shutdown (as a crash would)."""
+        if self._simulated is None:
+            raise RuntimeError("this Ray is not a simulated cluster: it has no nodes to kill")
         self._simulated.remove_node(node, allow_graceful=False)
 
     def shutdown(self) -> None:

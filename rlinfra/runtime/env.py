@@ -37,7 +37,6 @@ from rlinfra.placement.env_vars import (
     NO_ENV_VARS,
     PATH_VARIABLES,
     EnvVars,
-    credential_reason,
     looks_like_secret,
     merge_paths,
     refuse_credential,
@@ -233,42 +232,14 @@ class WorkerEnvs:
         return dataclasses.replace(resolved, withheld=self._withheld)
 
 
-def resolve_worker_env(
-    placement: Placement,
-    spec: ClusterSpec,
-    *,
-    worker_cls: type | None = None,
-    component_env: EnvVars = NO_ENV_VARS,
-    component: str = "",
-    driver_env: Mapping[str, str] | None = None,
-    allowlist: Sequence[str] = DEFAULT_ALLOWLIST,
-) -> ResolvedEnv:
-    """The environment of one process (see the module docstring for the layers). ``driver_env``
-    defaults to this process's ``os.environ``, which is read, never changed."""
-    envs = WorkerEnvs(
-        spec,
-        worker_cls=worker_cls,
-        component_env=component_env,
-        component=component,
-        driver_env=driver_env,
-        allowlist=allowlist,
-    )
-    return envs.of(placement)
-
-
 __all__ = [
     "CLASS_DEFAULTS",
     "DEFAULT_ALLOWLIST",
     "DRIVER",
-    "PATH_VARIABLES",
     "RLINFRA",
     "EnvLayer",
     "ResolvedEnv",
     "WorkerEnvs",
     "compose_env",
-    "credential_reason",
     "driver_allowlist",
-    "looks_like_secret",
-    "merge_paths",
-    "resolve_worker_env",
 ]

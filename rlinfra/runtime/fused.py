@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlinfra.runtime.worker import Worker
+from rlinfra.runtime.worker import Worker, adopt_identity
 
 
 def fuse(**roles: type[Worker]) -> type[Worker]:
@@ -43,7 +43,7 @@ def fuse(**roles: type[Worker]) -> type[Worker]:
             for role, cls in roles.items():
                 args, kwargs = _split_args(role_args.get(role, ()))
                 instance = cls.__new__(cls)
-                _copy_identity(self, instance, f"{self._group_name}/{role}")
+                adopt_identity(instance, self, f"{self._group_name}/{role}")
                 try:
                     cls.__init__(instance, *args, **kwargs)
                 except Exception as error:
@@ -52,7 +52,7 @@ def fuse(**roles: type[Worker]) -> type[Worker]:
                     raise
                 self._role_instances[role] = instance
 
-        def _rlinfra_role_call(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
+        def rlinfra_role_call(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
             return getattr(self._role_instances[role], method)(*args, **kwargs)
 
     FusedWorker.__name__ = FusedWorker.__qualname__ = "Fused" + "".join(
@@ -67,9 +67,3 @@ def _split_args(value: Any) -> tuple[tuple, dict]:
     if isinstance(value, (tuple, list)):
         return tuple(value), {}
     return (value,), {}
-
-
-def _copy_identity(host: Worker, role: Worker, group_name: str) -> None:
-    for name in ("_rank", "_world_size", "_local_rank", "_local_world_size", "_node_rank", "_placement"):
-        setattr(role, name, getattr(host, name))
-    role._group_name = group_name

@@ -1,10 +1,12 @@
 """``WorkerGroup``: launch a ``Worker`` class on its placements, call it, and shut it down.
 
 ``Rollout.create_group(args).launch(cluster, placement_strategy=s, name="rollout")`` turns each
-``Placement`` into one Ray actor named ``rollout:<rank>``, reserved through a placement group whose
+``Placement`` into one Ray actor named ``rollout:<rank>``, in its slice of a ``Layout`` (the job's,
+or a one-component layout the group reserves and releases itself): a placement group whose
 bundles are pinned to the exact nodes (``ray.io/node-id`` label selectors) and ordered by (node
 rank, device). Any public method called on the group fans out to all ranks and returns a
-``GroupCall``; ``.scatter`` and ``.split`` are the explicit per-rank dispatch choices.
+``GroupCall``; ``.scatter`` and ``.split`` are the explicit per-rank dispatch choices, and
+``call`` is the one door other layers use (``group.call(HostMethods.rlinfra_ready)``).
 
 Each worker's environment is composed by ``rlinfra.runtime.env`` (one precedence for class
 defaults, the driver's allow-list, node group, component and rlinfra's values) and set inside the
@@ -23,28 +25,28 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.constraints import process_constraints
 from rlinfra.placement.env_vars import EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
-from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
-from rlinfra.runtime.calls import GroupCall, concat_chunks, split_batch
+from rlinfra.runtime.bundles import ActorReservation
+from rlinfra.runtime.calls import GroupCall, concat_chunks, remaining, split_batch
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, driver_allowlist
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
-from rlinfra.runtime.layout import Layout, cpus_per_process, node_resources, reserve, reserved_bundle_nodes
+from rlinfra.runtime.hosting import HostMethods, WorkerContext, hosted_class
+from rlinfra.runtime.layout import Layout, cpus_per_process
 from rlinfra.runtime.secrets import SecretsChannel, publish_secrets
-from rlinfra.runtime.topology import BundleNode, bundle_report
-from rlinfra.runtime.worker import WorkerContext, hosted_class
+from rlinfra.runtime.topology import BundleNode
 
 logger = logging.getLogger("rlinfra")
 
 DEFAULT_LAUNCH_TIMEOUT_S = 120.0
+ROLE_CALL = "rlinfra_role_call"  # what rlinfra.runtime.fused gives a fused worker to reach a role
 DEFAULT_CALL_TIMEOUT_S = 600.0
 
 
@@ -61,9 +63,9 @@ class WorkerGroup:
         self.worker_info: list[dict[str, Any]] = []
         self.call_timeout = DEFAULT_CALL_TIMEOUT_S
         self.max_concurrency = 1
-        self._own_pg: PlacementGroup | None = None
-        self._pg: PlacementGroup | None = None
-        self._plan: tuple[LayoutPlan, str] | None = None
+        self.master_address: tuple[str, int] | None = None
+        self._layout: Layout | None = None
+        self._own_layout: Layout | None = None  # reserved by launch when not given one
         self._secrets: SecretsChannel | None = None
         self._cluster: Cluster | None = None
 
@@ -85,7 +87,8 @@ class WorkerGroup:
         and raise ``WorkerGroupError`` naming the ranks, their nodes and the tracebacks.
 
         With ``layout``, the workers go into the layout's placement group (shared with the other
-        components of the job); without, the group reserves a placement group of its own.
+        components of the job); without, the group reserves a one-component layout of its own
+        and releases it at ``shutdown``.
         ``ReservationError`` says what is missing where if resources cannot be reserved in time;
         ``TopologyError`` (at once) names a constraint no node can meet; ``PlacementError`` (a
         credential-like environment value) and ``SecretError`` (an unreadable secret) come before
@@ -120,24 +123,21 @@ class WorkerGroup:
             # anything is reserved (a bad interpreter would otherwise be retried by Ray forever).
             runtime_envs = worker_runtime_envs(cluster, self.name, self.placements)
             if layout is None:
-                groups = {label: group.constraints for label, group in cluster.spec.node_groups.items()}
-                constraints = {
-                    self.name: process_constraints(self.placements, placement_strategy.constraints, groups)
-                }
-                plan = plan_layout({self.name: self.placements}, cpus, node_resources(cluster), constraints)
-                what = f"worker group {self.name!r}"
-                self._own_pg = reserve(plan, cluster, launch_timeout, what, constraints)
-                pg, reservations = self._own_pg, plan.reservations[self.name]
-                self._plan = (plan, self.name)
-            else:
-                pg, reservations = layout.slot(self.name, self.placements, cpus)
-                self._plan = (layout.plan, self.name)
-            self._pg = pg
+                layout = self._own_layout = Layout(
+                    cluster,
+                    {self.name: placement_strategy},
+                    num_cpus=cpus,
+                    isolate_accelerator=isolate_accelerator,
+                    timeout=launch_timeout,
+                    what=f"worker group {self.name!r}",
+                )
+            pg, reservations = layout.slot(self.name, self.placements, cpus)
+            self._layout = layout
             self._check_bundle_nodes()
             self._start_actors(pg, reservations, envs, runtime_envs, cluster.spec)
             self.worker_info = self._await_ready(deadline)
             self._check_ray_device_ids()
-            self._publish_master_address(deadline)
+            self.refresh_master_address(remaining(deadline))
         except BaseException:
             self.shutdown()
             raise
@@ -161,7 +161,7 @@ class WorkerGroup:
         runtime_envs: list[dict[str, Any] | None],
         spec: ClusterSpec,
     ) -> None:
-        actor_cls = ray.remote(hosted_class(self.worker_cls))
+        actor_cls: Any = ray.remote(hosted_class(self.worker_cls))
         for placement, reservation, env, runtime_env in zip(
             self.placements, reservations, envs, runtime_envs, strict=True
         ):
@@ -193,17 +193,16 @@ class WorkerGroup:
     @property
     def reservations(self) -> list[ActorReservation]:
         """What each rank asked Ray for (bundle, CPUs, GPUs, other resources), in rank order."""
-        if self._plan is None:
-            raise RuntimeError(f"worker group {self.name!r} is not launched (call .launch first)")
-        plan, component = self._plan
-        return list(plan.reservations[component])
+        return list(self._launched_layout().plan.reservations[self.name])
 
     def bundle_report(self) -> list[BundleNode]:
         """Rank → bundle → node: as planned, and as Ray reports it (``placement_group_table``)."""
-        if self._plan is None or self._cluster is None:
+        return self._launched_layout().bundle_report(self.name)
+
+    def _launched_layout(self) -> Layout:
+        if self._layout is None:
             raise RuntimeError(f"worker group {self.name!r} is not launched (call .launch first)")
-        plan, component = self._plan
-        return bundle_report(plan, component, reserved_bundle_nodes(self._pg), self._cluster.nodes)
+        return self._layout
 
     def _check_bundle_nodes(self) -> None:
         """Label selectors pin every bundle to its node, so a bundle elsewhere would be a Ray bug
@@ -218,13 +217,10 @@ class WorkerGroup:
             )
 
     def _await_ready(self, deadline: float) -> list[dict[str, Any]]:
-        refs = [actor._rlinfra_ready.remote() for actor in self.actors]
-        call = self._call("starting (constructor)", refs, list(range(len(refs))), timeout=None)
-        remaining = max(0.0, deadline - time.monotonic())
-        show_progress = len(refs) >= 16 and sys.stderr.isatty()
-        if show_progress:
-            _progress_until_ready(refs, remaining, self.name)
-        return call.wait(timeout=remaining)
+        call = self.call(HostMethods.rlinfra_ready, action="starting (constructor)")
+        if len(call.refs) >= 16 and sys.stderr.isatty():
+            _progress_until_ready(call.refs, remaining(deadline), self.name)
+        return call.wait(timeout=remaining(deadline))
 
     def _check_ray_device_ids(self) -> None:
         """Warn when Ray's ledger holds other device ids than the ones the workers use.
@@ -249,14 +245,16 @@ class WorkerGroup:
                 " …" if len(drifted) > 4 else "",
             )
 
-    def _publish_master_address(self, deadline: float) -> None:
-        """Rank 0 binds and holds a port; every rank learns ``MASTER_ADDR``/``MASTER_PORT``."""
-        remaining = max(0.0, deadline - time.monotonic())
-        ref = self.actors[0]._rlinfra_reserve_port.remote()
-        address, port = self._call("reserving the rendezvous port", [ref], [0]).wait(remaining)[0]
+    def refresh_master_address(self, timeout: float) -> None:
+        """Rank 0 holds a bound port (a fresh one if a process group consumed the last), and every
+        rank learns ``MASTER_ADDR``/``MASTER_PORT``; within ``timeout`` seconds. ``launch`` does it
+        once; ``rlinfra.runtime.rendezvous`` again before and after each process group."""
+        deadline = time.monotonic() + timeout
+        reserving = self.call(HostMethods.rlinfra_reserve_port, [0], action="reserving the rendezvous port")
+        address, port = reserving.wait(timeout)[0]
         env = {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
-        refs = [actor._rlinfra_set_env.remote(env) for actor in self.actors]
-        self._call("publishing MASTER_ADDR", refs, self.ranks).wait(remaining)
+        publishing = self.call(HostMethods.rlinfra_set_env, args=(env,), action="publishing MASTER_ADDR")
+        publishing.wait(remaining(deadline))
         self.master_address = (address, port)
 
     # ------------------------------------------------------------------------------- dispatch
@@ -301,11 +299,11 @@ class WorkerGroup:
             return self.placements[rank].cluster_node_rank
         return None
 
-    def node_id_of(self, rank: int) -> str | None:
+    def node_id_of(self, rank: int) -> str:
         """The Ray node id the worker of ``rank`` started on, as it reported when it came up."""
-        if 0 <= rank < len(self.worker_info):
-            return self.worker_info[rank]["node_id"]
-        return None
+        if not 0 <= rank < len(self.worker_info):
+            raise ValueError(f"worker group {self.name!r} has no started rank {rank}")
+        return self.worker_info[rank]["node_id"]
 
     @property
     def cluster(self) -> Cluster:
@@ -339,12 +337,11 @@ class WorkerGroup:
         if per_rank is not None and len(per_rank) != len(chosen):
             raise ValueError(f"{self.name}.{name}: {len(per_rank)} argument tuples for {len(chosen)} ranks")
         calls = per_rank if per_rank is not None else [args] * len(chosen)
-        extra = dict(kwargs or {})
-        refs = [
-            getattr(self.actors[rank], name).remote(*call, **extra)
-            for rank, call in zip(chosen, calls, strict=True)
-        ]
+        refs = self._remote(name, chosen, calls, kwargs or {})
         return self._call(action or name, refs, chosen, timeout=timeout)
+
+    def _remote(self, name: str, ranks: Sequence[int], args: Sequence[tuple], kwargs: Mapping) -> list[Any]:
+        return [getattr(self.actors[r], name).remote(*a, **kwargs) for r, a in zip(ranks, args, strict=True)]
 
     def _call(
         self,
@@ -368,16 +365,15 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------------------- teardown
     def shutdown(self) -> None:
-        """Kill every worker and release the group's own placement group (a shared layout's stays
-        with the layout). Safe to call twice."""
+        """Kill every worker and release the group's own layout (a shared one stays with its
+        owner). Safe to call twice."""
         for actor in self.actors:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(actor, no_restart=True)
         self.actors = []
-        if self._own_pg is not None:
-            remove_placement_group(self._own_pg)
-            self._own_pg = None
-        self._pg = None
+        if self._own_layout is not None:
+            self._own_layout.release()
+            self._own_layout = None
         self._secrets = None  # drops the driver's reference: the secrets object is freed
 
     def __repr__(self) -> str:
@@ -416,7 +412,7 @@ class WorkerGroupView:
         group = self._group
         if not group.actors:
             raise RuntimeError(f"worker group {group.name!r} is not launched (call .launch first)")
-        cls = group.worker_cls.fused_roles[self._role] if self._role else group.worker_cls
+        cls = getattr(group.worker_cls, "fused_roles", {})[self._role] if self._role else group.worker_cls
         if not callable(getattr(cls, method, None)):
             raise AttributeError(f"{cls.__name__} has no method {method!r}")
         ranks = self._ranks if self._ranks is not None else group.ranks
@@ -452,19 +448,13 @@ class GroupMethod:
         return self._fan_out([(chunk, *args) for chunk in chunks], kwargs, gather=concat_chunks)
 
     def _fan_out(self, per_rank_args: list[tuple], kwargs: dict[str, Any], gather: Any = None) -> GroupCall:
-        actors = self._group.actors
-        if self._role is None:
-            refs = [
-                getattr(actors[rank], self._method).remote(*args, **kwargs)
-                for rank, args in zip(self._ranks, per_rank_args, strict=True)
-            ]
-        else:
-            refs = [
-                actors[rank]._rlinfra_role_call.remote(self._role, self._method, args, kwargs)
-                for rank, args in zip(self._ranks, per_rank_args, strict=True)
-            ]
-        name = f"{self._group.name}/{self._role}" if self._role else None
-        return self._group._call(self._method, refs, self._ranks, gather=gather, name=name)
+        group, role, method = self._group, self._role, self._method
+        if role is None:
+            refs = group._remote(method, self._ranks, per_rank_args, kwargs)
+            return group._call(method, refs, self._ranks, gather=gather)
+        role_args = [(role, method, args, kwargs) for args in per_rank_args]
+        refs = group._remote(ROLE_CALL, self._ranks, role_args, {})
+        return group._call(method, refs, self._ranks, gather=gather, name=f"{group.name}/{role}")
 
 
 def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:

@@ -3,7 +3,8 @@
 The slime-style core: one placement group for the job, each component launched into its slice of
 the (node rank, device)-ordered bundles — colocated components share bundles with fractional
 reservations, disaggregated ones use disjoint bundles. The table itself is computed without Ray
-(``rlinfra.runtime.bundles.plan_layout``); this module reserves it, with a deadline.
+(``rlinfra.runtime.bundles.plan_layout``); this module reserves it, with a deadline. It is the only
+reservation path: a group launched without a layout reserves a one-component layout of its own.
 
     with Layout(cluster, placement, ["actor", "rollout"]) as layout:
         actor = Trainer.create_group().launch(cluster, placement.get_strategy("actor"),
@@ -12,15 +13,15 @@ reservations, disaggregated ones use disjoint bundles. The table itself is compu
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from rlinfra.placement.constraints import NODE_ID_LABEL, Constraints
+from rlinfra.placement.constraints import NODE_ID_LABEL, Constraints, process_constraints
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
+from rlinfra.placement.strategies import PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.errors import ClusterError
@@ -45,25 +46,39 @@ class Layout:
         num_cpus: float | Mapping[str, float] | None = None,
         isolate_accelerator: bool = True,
         timeout: float = DEFAULT_RESERVE_TIMEOUT_S,
+        what: str | None = None,
     ) -> None:
-        names = list(components) if components is not None else list(placement.components)
+        """Plan each component's slice from its strategy (placements, per-process constraints,
+        CPUs) and reserve the whole as one placement group.
+
+        ``placement`` is a ``ComponentPlacement`` (``components``: which of its components,
+        default all) or a mapping component → ``PlacementStrategy`` — what a ``WorkerGroup``
+        launched without a layout reserves for itself. Errors call the layout ``what`` (default
+        ``layout <components>``).
+        """
+        strategies = _strategies(placement, components)
+        groups = {label: group.constraints for label, group in cluster.spec.node_groups.items()}
         self.placements: dict[str, list[Placement]] = {
-            name: placement.get_placements(name, isolate_accelerator) for name in names
+            name: strategy.get_placement(cluster, isolate_accelerator)
+            for name, strategy in strategies.items()
         }
         self.constraints: dict[str, list[Constraints]] = {
-            name: placement.get_process_constraints(name) for name in names
+            name: process_constraints(self.placements[name], strategy.constraints, groups)
+            for name, strategy in strategies.items()
         }
         self.num_cpus: dict[str, float | None] = {
-            name: cpus_per_process(name, _given(num_cpus, name), placement.get_num_cpus(name))
-            for name in names
+            name: cpus_per_process(name, _given(num_cpus, name), strategy.num_cpus)
+            for name, strategy in strategies.items()
         }
         self.plan: LayoutPlan = plan_layout(
-            self.placements, self.num_cpus, node_resources(cluster), self.constraints
+            self.placements,
+            self.num_cpus,
+            {node.rank: node.resources for node in cluster.nodes},
+            self.constraints,
         )
         self._cluster = cluster
-        self.pg: PlacementGroup | None = reserve(
-            self.plan, cluster, timeout, "layout " + ",".join(names), self.constraints
-        )
+        what = what or "layout " + ",".join(strategies)
+        self.pg: PlacementGroup | None = reserve(self.plan, cluster, timeout, what, self.constraints)
 
     def slot(
         self, component: str, placements: Sequence[Placement], num_cpus: float | None = None
@@ -99,7 +114,10 @@ class Layout:
 
     def bundle_nodes(self) -> dict[int, str]:
         """Bundle index → Ray node id, as Ray reports it (``placement_group_table``)."""
-        return reserved_bundle_nodes(self.pg)
+        if self.pg is None:
+            return {}
+        table = ray.util.placement_group_table(self.pg)
+        return {int(index): node_id for index, node_id in table.get("bundles_to_node_id", {}).items()}
 
     def bundle_report(self, component: str) -> list[BundleNode]:
         """Each rank of ``component``: its bundle, the node planned and the node Ray reports."""
@@ -112,10 +130,6 @@ class Layout:
         self.release()
 
 
-def node_resources(cluster: Cluster) -> dict[int, Mapping[str, float]]:
-    return {node.rank: node.resources for node in cluster.nodes}
-
-
 def cpus_per_process(component: str, given: float | None, configured: float | None) -> float | None:
     """The CPUs each process of ``component`` reserves: what the code passed, else the YAML's
     ``num_cpus``, else None (the default rule). Two different values are refused, so neither is
@@ -126,6 +140,13 @@ def cpus_per_process(component: str, given: float | None, configured: float | No
             f"num_cpus: {configured:g}; give it in one place"
         )
     return given if given is not None else configured
+
+
+def _strategies(placement: Any, components: Sequence[str] | None) -> dict[str, PlacementStrategy]:
+    if isinstance(placement, Mapping):
+        return dict(placement)
+    names = components if components is not None else placement.components
+    return {name: placement.get_strategy(name) for name in names}
 
 
 def _given(num_cpus: float | Mapping[str, float] | None, component: str) -> float | None:
@@ -156,8 +177,7 @@ def reserve(
         for node, extra in zip(plan.bundle_nodes, labels, strict=True)
     ]
     pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
-    deadline = time.monotonic() + timeout
-    ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+    ready, _ = ray.wait([pg.ready()], timeout=timeout)
     if not ready:
         remove_placement_group(pg)
         message = f"{what}: {missing_resources(plan, cluster, timeout)}"
@@ -192,14 +212,6 @@ def check_capacity(plan: LayoutPlan, cluster: Cluster, what: str) -> None:
             + "\n  lower num_cpus for the components on those nodes (see `rlinfra plan --cpus`), "
             "or use larger nodes"
         )
-
-
-def reserved_bundle_nodes(pg: PlacementGroup | None) -> dict[int, str]:
-    """Bundle index → Ray node id of a reserved placement group (``placement_group_table``)."""
-    if pg is None:
-        return {}
-    table = ray.util.placement_group_table(pg)
-    return {int(index): node_id for index, node_id in table.get("bundles_to_node_id", {}).items()}
 
 
 def missing_resources(plan: LayoutPlan, cluster: Cluster, timeout: float) -> str:

@@ -27,6 +27,10 @@ from typing import Any
 
 from rlinfra.placement.secret_specs import SecretSpec
 
+# The secrets of this worker process, kept off the worker instance so that they are not in its
+# ``__dict__`` (pickled, printed by debuggers) and reach fused roles too; one worker per process.
+_received: dict[str, str] = {}
+
 
 class SecretError(ValueError):
     """A configured secret cannot be read on the driver (unset variable, unreadable file)."""
@@ -85,10 +89,31 @@ def publish_secrets(
     return SecretsChannel(ray.put(values), tuple(values), exposed)
 
 
+def receive_secrets(channel: SecretsChannel, timeout: float) -> None:
+    """Worker side: resolve ``channel`` into this process's secrets, and set the
+    ``expose_as_env`` ones in ``os.environ``."""
+    import ray
+
+    _received.clear()
+    _received.update(ray.get(channel.ref, timeout=timeout))
+    for name in channel.expose_as_env:
+        os.environ[name] = _received[name]
+
+
+def received_secret(name: str) -> str:
+    """Worker side: the value of secret ``name`` received by this process."""
+    if name not in _received:
+        known = ", ".join(sorted(_received)) or "none (cluster.secrets is empty)"
+        raise KeyError(f"no secret {name!r} in this worker; secrets: {known}")
+    return _received[name]
+
+
 __all__ = [
     "SecretError",
     "SecretSpec",
     "SecretsChannel",
     "publish_secrets",
     "read_secrets",
+    "receive_secrets",
+    "received_secret",
 ]

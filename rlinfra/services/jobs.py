@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlinfra.placement.config_access import to_plain
 from rlinfra.placement.env_vars import URL_WITH_PASSWORD
 from rlinfra.placement.env_vars import credential_reason as looks_like_secret
 from rlinfra.runtime.ledger import resource_diff
@@ -144,7 +145,7 @@ def build_runtime_env(
     Only these two keys are supported because every other runtime_env field (``pip`` index URLs,
     ``conda`` channels, ``py_modules``) can carry credentials too and would need its own check.
     """
-    section = _plain(config_runtime_env) if config_runtime_env is not None else {}
+    section = to_plain(config_runtime_env) if config_runtime_env is not None else {}
     if not isinstance(section, Mapping):
         raise JobsError(f"config runtime_env: expected a mapping, got {type(section).__name__}")
     unknown = sorted(set(section) - set(_SUPPORTED_RUNTIME_ENV_KEYS))
@@ -176,7 +177,7 @@ def build_runtime_env(
 def resolve_address(address: str | None = None, cluster_cfg: Any = None) -> tuple[str, str]:
     """``(dashboard URL, where it came from)``: ``address``, ``cluster.address``, the environment
     (``RAY_API_SERVER_ADDRESS``, ``RAY_ADDRESS``), else the local default."""
-    cluster = _plain(cluster_cfg) if cluster_cfg is not None else {}
+    cluster = to_plain(cluster_cfg) if cluster_cfg is not None else {}
     candidates = (
         (address, "--address"),
         (cluster.get("address") if isinstance(cluster, Mapping) else None, "cluster.address"),
@@ -457,12 +458,6 @@ def _job_info(details: Any) -> JobInfo:
         runtime_env=dict(details.runtime_env or {}),
         metadata=dict(details.metadata or {}),
     )
-
-
-def _plain(value: Any) -> Any:
-    from rlinfra.placement.config_access import to_plain
-
-    return to_plain(value)
 
 
 def _env_value(value: Any) -> str:

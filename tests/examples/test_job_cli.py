@@ -15,7 +15,7 @@ import pytest
 from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.__main__ import compose_config
 from examples.ppo_cartpole.__main__ import main as module_main
-from examples.ppo_cartpole.job import algo_config, run_settings
+from examples.ppo_cartpole.config import algo_config, run_settings
 from tests.examples.job_checks import EXAMPLE
 from tests.processes import process_alive, process_group_alive
 
@@ -140,7 +140,7 @@ def test_a_bad_env_id_is_named_before_ray_starts(override: str, message: str) ->
     ],
 )
 def test_bad_job_settings_are_named_before_ray_starts(override: str, message: str) -> None:
-    from examples.ppo_cartpole.job import JobConfigError
+    from examples.ppo_cartpole.config import JobConfigError
 
     cfg = compose_config("colocated", [override])
     with pytest.raises(JobConfigError, match=message.replace("(", r"\(")):

@@ -3,6 +3,7 @@ accepted, and one component spanning node groups of different kinds (GPUs and ro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ class TestUnknownKeys:
             ({"simulate_cpus": 4}, "only used with cluster.simulate"),
             ({"simulate_labels": [{}, {}]}, "only used with cluster.simulate"),
             ({"simulate": "2x2", "address": "ray://head:10001"}, "cluster.simulate and cluster.address"),
-            ({"simulate": "3x2"}, "describes 3 nodes but cluster.num_nodes is 2"),
+            ({"simulate": "3x2"}, "3 nodes given, but cluster.num_nodes is 2"),
             ({"node_timeout": 0}, "expected seconds"),
             ({"component_placement": {"a": {"placement": "0", "num_cpus": -1}}}, "expected a number of CPUs"),
             (
@@ -253,3 +254,28 @@ def test_each_refused_input_exits_2_from_plan_without_a_traceback(name: str, tmp
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: ")
     assert "Traceback" not in result.output
+
+
+class TestRlinfClusterKeys:
+    """Keys RLinf's own configs carry in ``cluster``, found by placing RLinf's configs with both."""
+
+    def test_num_gpus_per_node_sizes_a_dry_run_and_is_checked_on_a_cluster(self, tmp_path: Path) -> None:
+        path = tmp_path / "conf.yaml"
+        path.write_text(
+            "cluster:\n  num_nodes: 2\n  num_gpus_per_node: 4\n  component_placement: {actor: all}\n"
+        )
+        result = CliRunner().invoke(app, ["plan", str(path), "--json"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["components"]["actor"]["world_size"] == 8
+        spec = ClusterSpec.from_config({"num_nodes": 2}, [4, 2])
+        with pytest.raises(PlacementError, match="num_gpus_per_node is 4, but node 1 has 2"):
+            spec.check_accelerators_per_node(4)
+        spec.check_accelerators_per_node(None)
+        assert "cluster.simulate gives [2, 2]" in refused(simulate="2x2", num_gpus_per_node=8).problem
+
+    def test_the_dynamic_scheduler_is_refused_by_name(self) -> None:
+        error = refused(auto_scheduler=True, assign_policy="greedy")
+        assert error.where == "cluster.auto_scheduler"
+        assert error.problem.startswith("auto_scheduler, assign_policy: RLinf's dynamic scheduler")
+        assert parsed(auto_scheduler=False).num_nodes == 2  # what rlinfra does anyway
+        assert "monitor_interval" in refused(auto_scheduler=False, monitor_interval=1).problem

@@ -20,10 +20,10 @@ from rlinfra.placement.env_vars import EnvVars, looks_like_secret, parse_env_var
 from rlinfra.runtime.env import (
     DEFAULT_ALLOWLIST,
     EnvLayer,
+    WorkerEnvs,
     compose_env,
     driver_allowlist,
     driver_layer,
-    resolve_worker_env,
 )
 
 CFG = {
@@ -125,21 +125,20 @@ def test_driver_layer_takes_the_allow_list_only_and_withholds_credentials() -> N
 def test_worker_env_of_each_component() -> None:
     placement = placement_of(CFG)
     driver = {"PYTHONPATH": "/drv", "LEVEL": "driver", "HOME": "/home/u", "AWS_SECRET_ACCESS_KEY": "k"}
-    actor = resolve_worker_env(
-        placement.get_placements("actor")[1],
+    actor = WorkerEnvs(
         placement.cluster_spec,
         worker_cls=Defaults,
         component_env=placement.get_env_vars("actor"),
         component="actor",
         driver_env=driver,
-    )
+    ).of(placement.get_placements("actor")[1])
     assert actor.values["LEVEL"] == "component" and actor.sources["LEVEL"] == "component 'actor'"
     assert actor.values["ONLY_CLASS"] == "x" and actor.sources["ONLY_CLASS"] == "class defaults"
     assert actor.values["PYTHONPATH"] == "/comp:/drv:/cls"
     assert actor.values["RANK"] == "1" and actor.values["CUDA_VISIBLE_DEVICES"] == "1"
     assert actor.values["HOME"] == "/home/u" and "AWS_SECRET_ACCESS_KEY" not in actor.values
-    rollout = resolve_worker_env(
-        placement.get_placements("rollout")[0], placement.cluster_spec, worker_cls=Defaults, driver_env=driver
+    rollout = WorkerEnvs(placement.cluster_spec, worker_cls=Defaults, driver_env=driver).of(
+        placement.get_placements("rollout")[0]
     )
     assert rollout.values["LEVEL"] == "group" and rollout.sources["LEVEL"] == "node group 'infer'"
     assert rollout.values["PYTHONPATH"] == "/group:/drv:/cls"
@@ -194,7 +193,7 @@ def test_class_defaults_are_checked_too() -> None:
 
     placement = placement_of(CFG)
     with pytest.raises(PlacementError, match=r"Leaky\.env_defaults"):
-        resolve_worker_env(placement.get_placements("actor")[0], placement.cluster_spec, worker_cls=Leaky)
+        WorkerEnvs(placement.cluster_spec, worker_cls=Leaky)
 
 
 def test_env_vars_is_a_read_only_mapping() -> None:

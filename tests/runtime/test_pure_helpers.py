@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rlinfra.placement import ClusterSpec, ComponentPlacement
-from rlinfra.runtime.bundles import MIN_BUNDLE_CPU, plan_bundles, plan_layout, reservable
+from rlinfra.runtime.bundles import MIN_BUNDLE_CPU, plan_layout, reservable
 from rlinfra.runtime.calls import concat_chunks, split_batch
 from rlinfra.runtime.errors import RankFailure, WorkerGroupError
 from rlinfra.runtime.ledger import resource_diff
@@ -18,6 +18,11 @@ def placements(component_placement, counts, node_groups=None):
     spec = ClusterSpec.from_config(cfg["cluster"], counts)
     plan = ComponentPlacement(cfg, spec)
     return {name: plan.get_placements(name) for name in plan.components}
+
+
+def plan_bundles(placements, num_cpus=None, node_resources=None):
+    """The layout of one component, named "_" (as a group launched on its own plans it)."""
+    return plan_layout({"_": placements}, num_cpus, node_resources)
 
 
 def test_one_bundle_per_device_ordered_by_node_then_device():

@@ -17,9 +17,10 @@ import pytest
 import ray
 
 from rlinfra import Worker, WorkerGroupError
-from rlinfra.runtime import rendezvous
-from rlinfra.runtime.calls import GroupCall
-from rlinfra.runtime.rendezvous import bring_up, bring_up_cross, cross_group, tear_down, tear_down_cross
+from rlinfra.runtime import process_groups
+from rlinfra.runtime.calls import GroupCall, wait_all
+from rlinfra.runtime.process_groups import cross_group
+from rlinfra.runtime.rendezvous import bring_up, bring_up_cross, tear_down, tear_down_cross
 
 pytest.importorskip("torch")
 
@@ -204,7 +205,7 @@ def test_a_member_that_never_answers_fails_at_the_driver_deadline(cluster, train
     call = GroupCall("trainer", "joining cross group 'late'", [ref], [3], trainer.node_rank_of, 1.0)
     started = time.monotonic()
     with pytest.raises(WorkerGroupError, match=r"rank 3 \(node 1\): no answer within 0\.2 s"):
-        rendezvous._wait_all([((trainer, (3,)), call)], time.monotonic() + 0.2, 0.2)
+        wait_all([call], 0.2)
     assert time.monotonic() - started < 2
     ray.cancel(ref, force=True)
 
@@ -214,9 +215,9 @@ def test_worker_side_errors_say_what_is_missing(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RuntimeError, match="MASTER_ADDR is not set: init_process_group runs inside"):
-        rendezvous.init_process_group()
+        process_groups.init_process_group()
     with pytest.raises(KeyError, match="not in cross group 'weights'"):
         cross_group("weights")
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(ImportError, match=r"pip install rlinfra\[torch\]"):
-        rendezvous.default_backend()
+        process_groups.default_backend()

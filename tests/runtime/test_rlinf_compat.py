@@ -67,6 +67,12 @@ class Probe(Worker):
             "has_accelerator": self.has_accelerator,
             "hardware_infos": self.hardware_infos,
             "local_accelerator_rank": self._local_accelerator_rank,
+            "group": (self._group_name, self._worker_name),
+            "platform": (
+                self.accelerator_type,
+                self.torch_device_type,
+                getattr(self.torch_platform, "__name__", None),
+            ),
             "env": {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", "SIM", "ROBOT_NET")},
         }
 
@@ -80,6 +86,8 @@ def test_one_env_component_drives_a_gpu_simulator_and_a_robot(
     finally:
         env.shutdown()
     assert simulator["name"] == "env:0" and robot["name"] == "env:1"
+    assert (simulator["group"], robot["group"]) == (("env", "env:0"), ("env", "env:1"))
+    assert simulator["platform"] == robot["platform"] == ("GPU", "cuda", "torch.cuda")  # the node's
     assert (simulator["hardware_type"], simulator["has_accelerator"]) == ("GPU", True)
     assert (simulator["local_accelerator_rank"], simulator["hardware_infos"]) == (0, [])
     assert simulator["env"] == {"CUDA_VISIBLE_DEVICES": "0", "SIM": "isaac", "ROBOT_NET": None}

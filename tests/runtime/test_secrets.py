@@ -22,8 +22,8 @@ import ray
 from rlinfra import Cluster, ComponentPlacement, Worker
 from rlinfra.placement import PlacementError
 from rlinfra.placement.secret_specs import parse_secret_specs
+from rlinfra.runtime.hosting import WorkerContext
 from rlinfra.runtime.secrets import SecretError, SecretsChannel, read_secrets
-from rlinfra.runtime.worker import WorkerContext
 
 pytestmark = pytest.mark.timeout(180)
 

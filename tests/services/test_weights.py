@@ -81,9 +81,9 @@ class Trainer(WeightSender, Worker):
 class CorruptingTrainer(Trainer):
     """Flips a byte of bucket 1 after checksumming it, as a faulty link would."""
 
-    def _weights_put(self, version: int, index: int, bounded: bool = True):
-        state, spec = self._sending(version, index)
-        arrays, digest = bucket_arrays(state, spec)
+    def weights_put(self, version: int, index: int, bounded: bool = True):
+        sending = self._weights_sending(version)
+        arrays, digest = bucket_arrays(sending.state, sending.buckets[index])
         if index == 1:
             arrays = [array.copy() for array in arrays]
             arrays[0][7] ^= 0xFF
@@ -111,19 +111,19 @@ class Rollout(WeightReceiver, Worker):
         with self.serving(timeout_s=5) as weights:
             return weights.version, fingerprint(weights.tensors)
 
-    def _weights_receive(self, version, index, payload):
+    def weights_receive(self, version, index, payload):
         if self.die_on_bucket == index and self._rank == 3:
             os._exit(9)
-        return super()._weights_receive(version, index, payload)
+        return super().weights_receive(version, index, payload)
 
-    def _weights_map(self, version, index, refs, hashers, timeout_s):
+    def weights_map(self, version, index, refs, hashers, timeout_s):
         if self.die_on_bucket == index and self._rank == 3:
             os._exit(9)
         if self.private_bucket == index and self._rank == 3:  # serve a corrupted copy of its own
             arrays = [array.copy() for array in ray.get(refs[0])]
             arrays[0][7] ^= 0xFF
             refs = [ray.put(arrays)]
-        return super()._weights_map(version, index, refs, hashers, timeout_s)
+        return super().weights_map(version, index, refs, hashers, timeout_s)
 
     def hold_serving(self, seconds: float) -> int:
         """A forward pass that takes ``seconds`` (longer than a commit's drain deadline)."""
@@ -132,7 +132,7 @@ class Rollout(WeightReceiver, Worker):
             return weights.version
 
     def in_flight(self) -> int:
-        return self._weights().in_flight
+        return self._weights().gate.in_flight
 
     def scribble(self) -> None:
         """What a careless user might do: write into a torch view of the serving weights."""
@@ -240,7 +240,7 @@ def test_corrupted_bucket_fails_verify_and_rolls_everyone_back(job, transport):
 def test_without_checksums_versions_are_still_verified_but_corruption_is_not(job, transport):
     """checksums=False is a trade the user makes knowingly: the same corrupted bucket that fails
     verify by default is now served. Nothing is hashed, the version barrier holds."""
-    from rlinfra import rendezvous
+    from rlinfra.runtime import rendezvous
 
     trainer, rollout = job(trainer_cls=CorruptingTrainer)
     info = None
@@ -351,14 +351,14 @@ def test_ctrl_c_during_an_update_rolls_back_resumes_and_passes_through(job):
 
 def test_a_paused_gate_reopens_when_its_lease_runs_out(job):
     _, rollout = job()
-    ray.get(rollout.actors[0]._weights_pause.remote("a-driver-that-died", 0.5, 5.0), timeout=10)
+    rollout.call(WeightReceiver.weights_pause, [0], args=("a-driver-that-died", 0.5, 5.0)).wait(timeout=10)
     started = time.monotonic()
     assert rollout.execute_on(0).current().wait(timeout=10)[0][0] == 0
     assert 0.2 < time.monotonic() - started < 5
 
 
 def test_broadcast_transport_over_a_cross_component_group(job):
-    from rlinfra import rendezvous
+    from rlinfra.runtime import rendezvous
 
     trainer, rollout = job()
     info = rendezvous.bring_up_cross(
@@ -377,16 +377,17 @@ def test_broadcast_transport_over_a_cross_component_group(job):
 
 
 class BroadcastDyingRollout(Rollout):
-    def _weights_receive_broadcast(self, version, group_name, src=0):
+    def weights_receive_broadcast(self, version, group_name, src=0):
         if self._rank == 3:
             os._exit(9)
-        return super()._weights_receive_broadcast(version, group_name, src)
+        return super().weights_receive_broadcast(version, group_name, src)
 
 
 def test_broadcast_with_a_receiver_killed_names_it_and_leaves_survivors_consistent(cluster, placement):
     """The sender sees only "connection closed by peer"; the error must name the rollout worker
     that died, drop it, and say that the cross group needs bringing up again."""
-    from rlinfra import WorkerGroupError, rendezvous
+    from rlinfra import WorkerGroupError
+    from rlinfra.runtime import rendezvous
 
     trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
     rollout = BroadcastDyingRollout.create_group().launch(
@@ -442,13 +443,13 @@ class MeasuringTrainer(Trainer):
     def train_to(self, version: int) -> None:
         self.state = big_state(version)
 
-    def _weights_open(self, version, bucket_bytes, hashed=True):
+    def weights_open(self, version, bucket_bytes, hashed=True):
         self.put_keys: dict[bytes, int] = {}
-        return super()._weights_open(version, bucket_bytes, hashed)
+        return super().weights_open(version, bucket_bytes, hashed)
 
-    def _weights_put(self, version, index):
-        digest, (ref,) = super()._weights_put(version, index)
-        self.put_keys[ref.hex().encode()] = self._sending(version, index)[1].nbytes
+    def weights_put(self, version, index):
+        digest, (ref,) = super().weights_put(version, index)
+        self.put_keys[ref.hex().encode()] = self._weights_sending(version).buckets[index].nbytes
         table = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
         alive = [nbytes for key, nbytes in self.put_keys.items() if key in table]
         self.peak = max(self.peak, (sum(alive), len(alive)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import ray
 
 from rlinfra import Worker
 from rlinfra.runtime.layout import Layout
@@ -26,16 +25,19 @@ from rlinfra.services.weights.buckets import (
     plan_buckets,
     unpack,
 )
-from rlinfra.services.weights.cuda_ipc import (
+from rlinfra.services.weights.transports.base import Link
+from rlinfra.services.weights.transports.cuda_handles import (
     CudaInfo,
     IpcBucket,
     LiveBuckets,
     cuda_info,
     ipc_problems,
+    live_buckets,
     local_index,
     node_problems,
     on_device,
 )
+from rlinfra.services.weights.transports.cuda_ipc import CudaIpcReceiver, CudaIpcSender, CudaIpcTransport
 
 torch = pytest.importorskip("torch")
 
@@ -75,7 +77,6 @@ class _FakeSender:
     def __init__(self, received: dict[int, int]) -> None:
         self.live = LiveBuckets()
         self.received = received
-        self._weights_ipc_share = SimpleNamespace(remote=self.share)
 
     def share(self, version: int, index: int, acked: int) -> tuple[int, IpcBucket]:
         receivers = 2
@@ -86,22 +87,24 @@ class _FakeSender:
         return 1000 + index, IpcBucket(index, 10, "gpu-0", print, ())
 
 
-class _LoopOnly(WeightSync):
-    """``WeightSync``'s CUDA IPC transfer loop with in-process fakes for the sender and receivers."""
+class _FakeLink(Link):
+    """The ``Link`` the CUDA IPC transfer loop drives (its own ``stream``), with in-process fakes
+    for the sender and receivers: a sender call runs at once, as the actor would run it next."""
 
     def __init__(self, sender: _FakeSender, received: dict[int, int]) -> None:
-        self.sender = SimpleNamespace(actors=[sender])
-        self.sender_rank = 0
+        self.sender = sender
         self.received = received
 
-    def _get_sender(self, ref, method):
-        return ref
+    def sender_call(self, method, *args):
+        assert method is CudaIpcSender.weights_ipc_share
+        answer = self.sender.share(*args)
+        return SimpleNamespace(wait=lambda: [answer])
 
-    def _receivers_call(self, method, *args):
+    def on_receivers(self, method, *args):
         version, index, bucket = args
         assert version == 3
-        assert method == "_weights_receive_ipc" and bucket.index == index
-        assert index in self.sender.actors[0].live.live, f"bucket {index} was freed before it was received"
+        assert method is CudaIpcReceiver.weights_receive_ipc and bucket.index == index
+        assert index in self.sender.live.live, f"bucket {index} was freed before it was received"
         self.received[index] = self.received.get(index, 0) + 2  # both receivers acknowledge
         return [1000 + index, 1000 + index]
 
@@ -111,11 +114,11 @@ def test_the_driver_loop_keeps_two_buckets_alive_and_frees_only_acknowledged_one
     received: dict[int, int] = {}
     sender = _FakeSender(received)
     spec = BucketSpec(0, 10, ())
-    checksums = _LoopOnly(sender, received)._transfer_cuda_ipc(Manifest(3, (spec,) * count))
+    checksums, _ = CudaIpcTransport(_FakeLink(sender, received)).transfer(Manifest(3, (spec,) * count))
     assert checksums == {index: 1000 + index for index in range(count)}
     assert received == {index: 2 for index in range(count)}
     assert sender.live.peak_count == min(count, 2)
-    assert len(sender.live) == min(count, 2)  # the last ones are freed by _weights_close
+    assert len(sender.live) == min(count, 2)  # the last ones are freed by weights_close
 
 
 # --------------------------------------------------------------------------- refusing early
@@ -237,10 +240,10 @@ class Trainer(WeightSender, Worker):
 class CorruptingTrainer(Trainer):
     """Flips a byte of bucket 1 on the GPU after checksumming it, as a faulty copy would."""
 
-    def _weights_ipc_share(self, version, index, acked):
-        digest, handle = super()._weights_ipc_share(version, index, acked)
+    def weights_ipc_share(self, version, index, acked):
+        digest, handle = super().weights_ipc_share(version, index, acked)
         if index == 1:
-            buffer, _ = self._weights_ipc_live().live[index]
+            buffer, _ = live_buckets().live[index]
             buffer[7:8].bitwise_xor_(0xFF)
             torch.cuda.synchronize()  # corrupted before any receiver is handed the bucket
         return digest, handle
@@ -291,7 +294,7 @@ def colocated(cluster, placement):
 
 
 def ipc_stats(trainer) -> dict[str, int]:
-    return ray.get(trainer.actors[0]._weights_ipc_stats.remote(), timeout=30)
+    return trainer.execute_on(0).weights_ipc_stats().wait(timeout=30)[0]
 
 
 @needs_gpu

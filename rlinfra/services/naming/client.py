@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # the classes here define a method named list
 import contextlib
 import logging
 import threading
@@ -20,7 +21,6 @@ from rlinfra.services.naming.model import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WATCH_TIMEOUT_S,
     Change,
-    LeaseExpired,
     NamingError,
 )
 from rlinfra.services.naming.store import NamingStore
@@ -59,7 +59,7 @@ class NamingService:
         """Find the service, or create it (detached: it outlives this driver), and wait until it
         answers (``start_timeout_s``)."""
         _require_ray(name, "connect")
-        handle = NamingStore.options(
+        handle = NamingStore.options(  # type: ignore[attr-defined]  # a Ray actor class
             name=name,
             namespace=namespace,
             get_if_exists=True,
@@ -91,12 +91,9 @@ class NamingService:
         self._forget(key, keep=lease)
         if lease is None:
             return self._call(f"put({key!r})", "put", key, value, ttl_s, None)
-        with lease._lock:
-            if lease.revoked:
-                raise LeaseExpired(f"{self}: put({key!r}): {lease!r} was revoked")
-            # Under the lease's lock, so a keeper cannot re-grant between this put and the record.
+        with lease.held(f"{self}: put({key!r})"):
             version = self._call(f"put({key!r})", "put", key, value, None, lease.id)
-            lease._keys[key] = (value, False)
+            lease.record(key, value, exclusive=False)
             return version
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -131,7 +128,7 @@ class NamingService:
 
     def watch(
         self, prefix: str = "", since_version: int | None = None, timeout_s: float = DEFAULT_WATCH_TIMEOUT_S
-    ) -> tuple[int, list[Change]]:
+    ) -> tuple[int, builtins.list[Change]]:
         """Wait until a key under ``prefix`` changes after ``since_version`` (None: after now),
         at most ``timeout_s``; returns ``(version, changes)``. Pass ``version`` to the next call to
         miss nothing. ``changes`` is empty on timeout; it holds ``snapshot`` entries (every current
@@ -162,11 +159,8 @@ class NamingService:
 
     def revoke_lease(self, lease: Lease) -> int:
         """End ``lease`` now (its keys vanish, watchers see ``delete``); returns how many keys."""
-        with lease._lock:
-            lease.revoked = True
-            lease._keys.clear()
-            lease._pending.clear()
-            removed = self._call(f"revoke_lease({lease.id[:8]}…)", "revoke_lease", lease.id)
+        lease.mark_revoked()
+        removed = self._call(f"revoke_lease({lease.id[:8]}…)", "revoke_lease", lease.id)
         if lease in self._leases:
             self._leases.remove(lease)
         return removed
@@ -195,33 +189,23 @@ class NamingService:
                 except NamingError as err:
                     logger.warning("%s: could not revoke %r; its keys expire with it: %s", self, lease, err)
 
-    def _regrant(self, lease: Lease, failed_id: str) -> bool:
+    def regrant_lease(self, lease: Lease, failed_id: str) -> bool:
         """Replace the expired ``failed_id`` of ``lease`` with a new server lease and mark every
         key for re-registration; False if the lease was revoked or already re-granted."""
-        with lease._lock:
-            if lease.revoked or lease.id != failed_id:
-                return False
-            lease._id = self._call("grant_lease", "grant_lease", lease.ttl_s)
-            lease._pending = set(lease._keys)
+        return lease.replace_id(failed_id, lambda: self._call("grant_lease", "grant_lease", lease.ttl_s))
+
+    def repair_lease(self, lease: Lease) -> None:
+        """Put back the keys of ``lease`` still pending after a re-grant (nothing to do
+        otherwise); ``NamingError`` lists claims that were taken by someone else meanwhile (those
+        are dropped, not stolen back)."""
+
+        def put(key: str, value: Any, exclusive: bool) -> bool:
+            if exclusive:
+                return self._call(f"put_if_absent({key!r})", "put_if_absent", key, value, None, lease.id)
+            self._call(f"put({key!r})", "put", key, value, None, lease.id)
             return True
 
-    def _reregister(self, lease: Lease) -> None:
-        """Put back the keys of ``lease`` still pending; ``NamingError`` lists claims that were
-        taken by someone else meanwhile (those are dropped, not stolen back)."""
-        lost: list[str] = []
-        with lease._lock:
-            for key in sorted(lease._pending):
-                if key not in lease._keys:
-                    lease._pending.discard(key)
-                    continue
-                value, exclusive = lease._keys[key]
-                if exclusive:
-                    if not self._call(f"put_if_absent({key!r})", "put_if_absent", key, value, None, lease.id):
-                        del lease._keys[key]
-                        lost.append(key)
-                else:
-                    self._call(f"put({key!r})", "put", key, value, None, lease.id)
-                lease._pending.discard(key)
+        lost = lease.reregister(put)
         if lost:
             raise NamingError(
                 f"{self}: re-registering {lease!r}: {lost} were taken by another holder while the "
@@ -283,21 +267,18 @@ class NamingService:
                 self._forget(key)
             return won
         self._forget(key, keep=lease)
-        with lease._lock:
-            if lease.revoked:
-                raise LeaseExpired(f"{self}: {op}: {lease!r} was revoked")
+        with lease.held(f"{self}: {op}"):
             won = self._call(op, method, key, *extra, value, None, lease.id)
             if won:
-                lease._keys[key] = (value, True)
+                lease.record(key, value, exclusive=True)
             return won
 
     def _forget(self, key: str, keep: Lease | None = None) -> None:
         """Stop re-registering ``key`` under any lease but ``keep``: it was overwritten or
         deleted. One lease lock at a time, so two threads can never deadlock on two leases."""
         for lease in list(self._leases):
-            if lease is not keep and key in lease._keys:
-                with lease._lock:
-                    lease._keys.pop(key, None)
+            if lease is not keep:
+                lease.forget(key)
 
     def _resolve(self, op: str) -> Any:
         with self._handle_lock:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from rlinfra.services.naming.model import LeaseExpired, NamingError
-
-if TYPE_CHECKING:
-    from rlinfra.services.naming.client import NamingService
 
 logger = logging.getLogger("rlinfra.services.naming")
 
@@ -19,7 +18,9 @@ class Lease:
 
     Keys put with ``lease=`` vanish when the lease is not kept alive for ``ttl_s``. The object
     also remembers which keys this client put under it, so that a keeper can re-grant the lease
-    (``id`` then changes) and put them back after an expiry; use the same object throughout.
+    (``id`` then changes) and put them back after an expiry; use the same object throughout. The
+    bookkeeping is the lease's own: the client records writes under ``held`` (one lock, so a
+    keeper cannot re-grant between a put and its record) and asks it what to put back.
     """
 
     def __init__(self, lease_id: str, ttl_s: float) -> None:
@@ -41,8 +42,66 @@ class Lease:
         """The keys this client holds under the lease (and will re-register after a loss)."""
         return sorted(self._keys)
 
+    @contextlib.contextmanager
+    def held(self, what: str) -> Iterator[None]:
+        """The lease, locked for one write; ``LeaseExpired`` (naming ``what``) once revoked."""
+        with self._lock:
+            if self.revoked:
+                raise LeaseExpired(f"{what}: {self!r} was revoked")
+            yield
+
+    def record(self, key: str, value: Any, exclusive: bool) -> None:
+        """``key`` was written under this lease (call inside ``held``)."""
+        self._keys[key] = (value, exclusive)
+
+    def forget(self, key: str) -> None:
+        """Stop re-registering ``key``: it was overwritten or deleted outside this lease."""
+        if key in self._keys:  # the lock only where there is something to drop
+            with self._lock:
+                self._keys.pop(key, None)
+
+    def mark_revoked(self) -> None:
+        with self._lock:
+            self.revoked = True
+            self._keys.clear()
+
+    def replace_id(self, failed_id: str, grant: Callable[[], str]) -> bool:
+        """Take the id ``grant()`` returns in place of the expired ``failed_id`` and mark every
+        key for re-registration; False (and no grant) if the lease was revoked or re-granted."""
+        with self._lock:
+            if self.revoked or self._id != failed_id:
+                return False
+            self._id = grant()
+            self._pending = set(self._keys)
+            return True
+
+    def reregister(self, put: Callable[[str, Any, bool], bool]) -> list[str]:
+        """Put back the pending keys with ``put(key, value, exclusive) -> won``; returns the claims
+        someone else took meanwhile (dropped, not stolen back)."""
+        lost: list[str] = []
+        with self._lock:
+            for key in sorted(self._pending):
+                entry = self._keys.get(key)
+                if entry is not None and not put(key, *entry):
+                    del self._keys[key]
+                    lost.append(key)
+                self._pending.discard(key)
+        return lost
+
     def __repr__(self) -> str:
         return f"Lease({self._id[:8]}…, ttl_s={self.ttl_s:g}, keys={len(self._keys)})"
+
+
+class LeaseService(Protocol):
+    """What a keeper needs of its client (``NamingService`` is one)."""
+
+    timeout_s: float
+
+    def keep_alive(self, lease: Lease) -> None: ...
+
+    def regrant_lease(self, lease: Lease, failed_id: str) -> bool: ...
+
+    def repair_lease(self, lease: Lease) -> None: ...
 
 
 class LeaseKeeper:
@@ -54,7 +113,7 @@ class LeaseKeeper:
     distinct message, plus a line when it recovers). ``regrants`` counts the repairs.
     """
 
-    def __init__(self, client: NamingService, lease: Lease, interval_s: float) -> None:
+    def __init__(self, client: LeaseService, lease: Lease, interval_s: float) -> None:
         if not 0 < interval_s < lease.ttl_s:
             raise ValueError(f"keep-alive interval must be in (0, ttl_s={lease.ttl_s:g}) s, got {interval_s}")
         self.client = client
@@ -106,13 +165,12 @@ class LeaseKeeper:
                 self.client.keep_alive(self.lease)
             except LeaseExpired as err:
                 self.error = err
-                if self.client._regrant(self.lease, lease_id):
+                if self.client.regrant_lease(self.lease, lease_id):
                     self.regrants += 1
                     logger.warning(
                         "lease keeper: %s; granted %r and re-registering its keys", err, self.lease
                     )
-            if self.lease._pending:
-                self.client._reregister(self.lease)
+            self.client.repair_lease(self.lease)
         except Exception as err:
             self._note(err)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins  # the classes here define a method named list
 import contextlib
 import heapq
 import logging
@@ -132,7 +133,7 @@ class NamingStore:
 
     async def watch(
         self, prefix: str, since_version: int | None, timeout_s: float
-    ) -> tuple[int, list[Change]]:
+    ) -> tuple[int, builtins.list[Change]]:
         self._start()
         since = self._version if since_version is None else since_version
         deadline = time.monotonic() + timeout_s
@@ -196,8 +197,8 @@ class NamingStore:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _changes_since(self, since: int, prefix: str) -> list[Change]:
-        newer: list[Change] = []
+    def _changes_since(self, since: int, prefix: str) -> builtins.list[Change]:
+        newer: builtins.list[Change] = []
         for change in reversed(self._history):
             if change.version <= since:
                 break
@@ -206,7 +207,7 @@ class NamingStore:
         newer.reverse()
         return newer
 
-    def _snapshot(self, prefix: str) -> list[Change]:
+    def _snapshot(self, prefix: str) -> builtins.list[Change]:
         return [
             Change(key, "snapshot", entry.value, entry.version)
             for key, entry in sorted(self._entries.items())

@@ -2,15 +2,9 @@
 
 from rlinfra.services.weights.barrier import UpdateReport, WeightSync, WeightSyncError
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
-from rlinfra.services.weights.roles import (
-    WeightReceiver,
-    WeightSender,
-    WeightsPausedError,
-    WeightsPauseError,
-    WeightsSwapError,
-    WeightsVerifyError,
-    WeightsView,
-)
+from rlinfra.services.weights.buffers import WeightsSwapError, WeightsVerifyError, WeightsView
+from rlinfra.services.weights.gate import WeightsPausedError, WeightsPauseError
+from rlinfra.services.weights.roles import WeightReceiver, WeightSender
 from rlinfra.services.weights.staleness import Stamped, filter_stale
 
 __all__ = [

@@ -58,7 +58,7 @@ class Manifest:
 
 
 def checksum(buffer: np.ndarray) -> int:
-    return xxhash.xxh3_64_intdigest(memoryview(np.ascontiguousarray(buffer)).cast("B"))
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(buffer).data.cast("B"))
 
 
 def as_numpy(tensor: Any) -> np.ndarray:
@@ -147,7 +147,7 @@ def arrays_checksum(arrays: list[np.ndarray]) -> int:
     """The checksum of the arrays' bytes one after the other (a bucket's, without packing it)."""
     digest = xxhash.xxh3_64()
     for array in arrays:
-        digest.update(memoryview(array))
+        digest.update(array.data)
     return digest.intdigest()
 
 
@@ -159,7 +159,7 @@ def copy_and_hash(target: np.ndarray, source: np.ndarray, digest: Any, chunk: in
     for start in range(0, target.nbytes, chunk):
         landed = target[start : start + chunk]
         np.copyto(landed, source[start : start + chunk])
-        digest.update(memoryview(landed))
+        digest.update(landed.data)
 
 
 def pack(
@@ -168,8 +168,7 @@ def pack(
     """Copy the bucket's tensors into one contiguous uint8 buffer; return it and its checksum
     (0 when not ``hashed``)."""
     buffer = np.empty(spec.nbytes, dtype=np.uint8) if out is None else out
-    for entry in spec.entries:
-        flat = np.ascontiguousarray(as_numpy(state[entry.name])).reshape(-1).view(np.uint8)
+    for entry, flat in zip(spec.entries, bucket_views(state, spec), strict=True):
         buffer[entry.offset : entry.offset + entry.nbytes] = flat
     return buffer, checksum(buffer) if hashed else 0
 
@@ -177,7 +176,7 @@ def pack(
 def pack_torch(state: Mapping[str, Any], spec: BucketSpec, out: Any) -> Any:
     """Copy the bucket's tensors into ``out``, a torch uint8 tensor of ``spec.nbytes`` on any
     device (device-to-device on a GPU: no host round trip). Returns ``out``; no checksum, since
-    hashing needs the bytes on the host (see ``rlinfra.services.weights.cuda_ipc``)."""
+    hashing needs the bytes on the host (see ``weights.transports.cuda_ipc``)."""
     if out.numel() != spec.nbytes:
         raise ValueError(f"bucket {spec.index}: buffer holds {out.numel()} bytes, the bucket {spec.nbytes}")
     for entry in spec.entries:

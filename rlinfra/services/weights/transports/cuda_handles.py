@@ -1,5 +1,4 @@
-"""The ``"cuda_ipc"`` transport's pieces: buckets packed on the sender's GPU and mapped, zero-copy,
-by receivers on the same node.
+"""CUDA IPC itself, for the ``"cuda_ipc"`` transport: no Ray, torch imported only where needed.
 
 Colocated trainer and rollout workers (one GPU, or GPUs of one node) need not send weights through
 host memory or a collective at all: the sender packs each bucket into a flat uint8 buffer on its
@@ -8,28 +7,18 @@ picklable ``(rebuild, args)`` handle); the handle goes to the receivers through 
 object; each receiver maps it (``cudaIpcOpenMemHandle``: no copy), copies it into its own shadow
 bucket on its own device, and drops the mapping.
 
-    per bucket i   sender    pack i on the GPU, checksum it, keep it alive, return the handle
-                   receivers map i, copy into the shadow, checksum what landed, acknowledge
-                   sender    free i when asked for bucket i + 2 (every receiver acknowledged i)
-
-Memory beyond the two copies (the trainer's weights and each receiver's shadow): at most two
-packed buckets on the sender's GPU (``LiveBuckets`` refuses a third), and one host staging
-buffer of the bucket size in each process for checksums.
-
-Checksums are xxh3 of the bytes, as for the other transports, so a corrupted or misrouted bucket
-fails ``verify`` the same way. Hashing needs the bytes on the host: the sender copies every packed
-bucket to the host once, and every receiver copies what landed in its shadow to the host once
-(pinned staging buffer, reused). That is one device-to-host pass of the whole state per process,
-plus xxh3 at host speed (about 10-30 GB/s per core), paid while generation goes on (prepare), not
-while it is paused.
+Here: what a process's CUDA can do (``cuda_info``) and what would make a pairing fail
+(``ipc_problems``, ``node_problems``, at ``WeightSync`` construction); sharing, rewriting and
+opening handles; the sender's live buckets (``LiveBuckets`` refuses a third); the pinned host
+staging buffer checksums go through (``host_staging``: one per process).
 
 CUDA IPC works only between processes of one node, that can both see the GPU the memory is on,
-and never within one process; ``ipc_problems`` and ``node_problems`` say which of these fails,
-at ``WeightSync`` construction.
+and never within one process.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -127,6 +116,18 @@ class HostStaging:
         host = self._buffer[:size]
         host.copy_(device_buffer)  # synchronous into pinned memory: the bytes are there on return
         return checksum(host.numpy())
+
+
+@functools.cache
+def host_staging() -> HostStaging:
+    """This process's staging buffer (pinned memory is scarce: one, reused by every checksum)."""
+    return HostStaging()
+
+
+@functools.cache
+def live_buckets() -> LiveBuckets:
+    """The buckets this process (a sender) has shared and keeps alive, with its peaks so far."""
+    return LiveBuckets()
 
 
 # ------------------------------------------------------------------------------------ probing

@@ -1,0 +1,136 @@
+"""Hosting: how a user's ``Worker`` class runs inside a Ray actor.
+
+``hosted_class(Rollout)`` is a subclass whose constructor first binds the process to its
+``WorkerContext`` — rank attributes, environment (``RANK``, ``LOCAL_RANK``, visibility …, composed
+by ``rlinfra.runtime.env``), secrets — and only then runs the user's ``__init__``, so
+``self._rank`` and ``self.secret(...)`` work there even if the user forgets ``super().__init__()``.
+``HostMethods`` are what the driver calls on every hosted worker (readiness, the rendezvous port,
+process groups, through ``WorkerGroup.call``). Kept apart from ``rlinfra.runtime.worker``: the
+group imports this module, and the ``Worker`` class users subclass imports the group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rlinfra.placement.env_vars import PATH_SEPARATOR, merge_paths
+from rlinfra.placement.node_groups import HardwareUnit
+from rlinfra.placement.record import Placement
+from rlinfra.runtime import process_groups
+from rlinfra.runtime.secrets import receive_secrets
+
+SECRETS_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Everything a worker process must know about itself before user code runs.
+
+    ``merge_env`` names path-like variables whose value is prepended to the process's inherited
+    one; ``secrets`` is a ``rlinfra.runtime.secrets.SecretsChannel`` (a reference, not values);
+    ``hardware`` the custom hardware units the process drives.
+    """
+
+    group_name: str
+    placement: Placement
+    env: dict[str, str] = field(default_factory=dict)
+    unset_env: tuple[str, ...] = ()
+    merge_env: tuple[str, ...] = ()
+    secrets: Any = None
+    hardware: tuple[HardwareUnit, ...] = ()
+
+
+def _set_env(context: WorkerContext) -> None:
+    """Set in-process, as Ray itself does for CUDA_VISIBLE_DEVICES: per-actor runtime_envs would
+    cost a fresh worker process each and record every value in Ray's metadata."""
+    for name in context.unset_env:
+        os.environ.pop(name, None)
+    for name, value in context.env.items():
+        os.environ[name] = merge_paths(value, os.environ.get(name)) if name in context.merge_env else value
+    if "PYTHONPATH" in context.env:
+        # The interpreter read PYTHONPATH at start-up; new entries reach imports only via sys.path.
+        new = [entry for entry in context.env["PYTHONPATH"].split(PATH_SEPARATOR) if entry not in sys.path]
+        sys.path[1:1] = [entry for entry in new if entry]
+
+
+class HostMethods:
+    """Methods rlinfra calls on every hosted worker (``WorkerGroup.call(HostMethods.…)``); the
+    ``rlinfra_`` prefix keeps them clear of user methods."""
+
+    _rlinfra_master_port: int | None = None
+
+    def _rlinfra_bind_context(self, context: WorkerContext) -> None:
+        """The attributes ``Worker`` documents (RLinf's names), the environment and the secrets."""
+        placement = context.placement
+        self._group_name, self._placement, self._hardware = context.group_name, placement, context.hardware
+        self._rank, self._world_size = placement.rank, placement.world_size
+        self._local_rank, self._local_world_size = placement.local_rank, placement.local_world_size
+        self._node_rank = self._cluster_node_rank = placement.cluster_node_rank
+        self._local_accelerator_rank = placement.local_accelerator_rank
+        self._worker_name = f"{context.group_name}:{placement.rank}"
+        _set_env(context)
+        if context.secrets is not None:
+            receive_secrets(context.secrets, SECRETS_TIMEOUT_S)
+
+    def rlinfra_ready(self) -> dict[str, Any]:
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "pid": os.getpid(),
+            "ip": ray.util.get_node_ip_address(),
+            "ray_accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items() if v},
+        }
+
+    def rlinfra_reserve_port(self) -> tuple[str, int]:
+        """Bind a free port on this node and hold it (no probe-then-bind race) until the process
+        group's store takes the very socket over."""
+        port = self._rlinfra_master_port
+        if port is None or not process_groups.holds_port(port):
+            port = self._rlinfra_master_port = process_groups.hold_port()
+        return ray.util.get_node_ip_address(), port
+
+    def rlinfra_set_env(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+
+    def rlinfra_init_distributed(self, backend: str | None, timeout_s: float) -> str:
+        return process_groups.init_process_group(backend, timeout_s)
+
+    def rlinfra_destroy_distributed(self) -> None:
+        process_groups.destroy_process_group()
+
+    def rlinfra_reserve_cross_port(self, name: str) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), process_groups.reserve_cross_port(name)
+
+    def rlinfra_join_cross_group(
+        self,
+        name: str,
+        address: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str | None,
+        timeout_s: float,
+    ) -> str:
+        joined = process_groups.join_cross_group(name, address, port, rank, world_size, backend, timeout_s)
+        return joined.backend
+
+    def rlinfra_leave_cross_group(self, name: str) -> None:
+        process_groups.leave_cross_group(name)
+
+
+def hosted_class(worker_cls: type) -> type:
+    """A subclass of ``worker_cls`` whose constructor binds the ``WorkerContext`` first."""
+
+    def __init__(self: Any, context: WorkerContext, *args: Any, **kwargs: Any) -> None:
+        self._rlinfra_bind_context(context)
+        worker_cls.__init__(self, *args, **kwargs)  # type: ignore[misc]  # the user's own constructor
+
+    namespace = {"__init__": __init__, "__module__": worker_cls.__module__}
+    hosted = type(worker_cls.__name__, (HostMethods, worker_cls), namespace)
+    hosted.__qualname__ = worker_cls.__qualname__
+    return hosted

@@ -1,0 +1,235 @@
+"""Process groups, worker side: torch.distributed groups made inside a hosted worker, without port races.
+
+After ``launch`` every rank knows ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``, and
+rank 0 holds a bound, listening socket on ``MASTER_PORT`` (``hold_port``). Rank 0 hands that very
+socket to torch's ``TCPStore`` (``master_listen_fd``), so the port is never released and re-bound:
+no other process on the node can take it in between, unlike the usual probe-a-free-port-then-bind.
+
+``init_process_group`` / ``destroy_process_group`` make and drop the group's default process group;
+``join_cross_group`` / ``cross_group`` / ``leave_cross_group`` handle named groups spanning
+components (trainer rank 0 + every rollout worker, to broadcast weights), kept apart from the
+default group because torch allows one default group per process. Call them inside a worker
+method, or let the driver's ``rlinfra.runtime.rendezvous`` call them through rlinfra's host
+methods. This module is a leaf: it imports neither Ray nor the rest of the runtime.
+
+torch is optional (``pip install rlinfra[torch]``): it is imported only when a process group is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 60.0
+_LISTEN_BACKLOG = 128
+
+# One hosted worker per actor process, so these are process state: the worker-side functions are
+# plain functions called from user code, and find what they need here.
+_HELD: dict[int, socket.socket] = {}  # port → listening socket not yet handed to torch
+_CROSS_PORTS: dict[str, int] = {}  # cross group name → the port reserved for it in this process
+_CROSS_GROUPS: dict[str, CrossGroup] = {}  # cross groups this process has joined
+
+
+def hold_port() -> int:
+    """Bind a free port on this node and keep listening on it until torch takes it over
+    (``init_process_group``/``join_cross_group``) or ``release_port``. Connections that arrive
+    early wait in the backlog instead of being refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("", 0))
+    sock.listen(_LISTEN_BACKLOG)
+    port = sock.getsockname()[1]
+    _HELD[port] = sock
+    return port
+
+
+def holds_port(port: int | None) -> bool:
+    return port in _HELD
+
+
+def release_port(port: int | None) -> None:
+    """Close the socket holding ``port``, if this process still holds it."""
+    sock = _HELD.pop(port, None) if port is not None else None
+    if sock is not None:
+        sock.close()
+
+
+def _require_torch() -> Any:
+    try:
+        import torch
+        import torch.distributed
+    except ImportError as error:
+        raise ImportError(
+            "rlinfra's rendezvous needs torch.distributed: pip install rlinfra[torch]"
+        ) from error
+    return torch
+
+
+def default_backend() -> str:
+    """``nccl`` where this process sees a CUDA device, else ``gloo``."""
+    return "nccl" if _require_torch().cuda.is_available() else "gloo"
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(
+            f"{name} is not set: init_process_group runs inside a worker launched by a WorkerGroup, "
+            "which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
+        )
+    return value
+
+
+def _env_int(name: str) -> int:
+    value = _env(name)
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"{name}={value!r} is not an integer") from None
+
+
+def _tcp_store(address: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """The store every rank of a rendezvous meets in; rank 0 serves it on its held socket.
+
+    torch owns a ``master_listen_fd`` once passed, and closes it even when the constructor raises
+    (measured with torch 2.13, libuv and legacy servers alike): so the socket is detached, not
+    closed, and the port goes straight from our listener to torch's. Without a held socket (a
+    rendezvous outside rlinfra), rank 0 binds the port itself.
+    """
+    dist = _require_torch().distributed
+    if rank != 0:
+        return dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
+    held = _HELD.pop(port, None)
+    return dist.TCPStore(
+        address,
+        port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=True,
+        master_listen_fd=held.detach() if held is not None else None,
+    )
+
+
+def init_process_group(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """Make this worker's default torch process group from the env ``launch`` set, and return the
+    backend used (default: ``nccl`` with CUDA, else ``gloo``). Every rank must call it; each blocks
+    until all have joined or ``timeout_s`` passes."""
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    address, port = _env("MASTER_ADDR"), _env_int("MASTER_PORT")
+    torch = _require_torch()
+    backend = backend or default_backend()
+    timeout = timedelta(seconds=timeout_s)
+    store = _tcp_store(address, port, rank, world_size, timeout)
+    torch.distributed.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+    )
+    return backend
+
+
+def destroy_process_group() -> None:
+    """Tear down this worker's default process group (and with it rank 0's store and port)."""
+    dist = _require_torch().distributed
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@dataclass
+class CrossGroup:
+    """This process's membership of a named cross-component group: collectives on a process group
+    object of its own, never the default group (torch keeps one default group per process)."""
+
+    name: str
+    rank: int
+    world_size: int
+    backend: str
+    process_group: Any = field(repr=False)
+    store: Any = field(repr=False)  # kept alive: on rank 0 it is the server the others met at
+
+    def broadcast(self, tensor: Any, src: int) -> Any:
+        """Broadcast ``tensor`` in place from cross rank ``src``; returns it."""
+        options = _require_torch().distributed.BroadcastOptions()
+        options.rootRank = src
+        self.process_group.broadcast([tensor], options).wait()
+        return tensor
+
+    def all_reduce(self, tensor: Any, op: Any = None) -> Any:
+        """Reduce ``tensor`` in place over every member (default: sum); returns it."""
+        dist = _require_torch().distributed
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.SUM if op is None else op
+        self.process_group.allreduce([tensor], options).wait()
+        return tensor
+
+    def barrier(self) -> None:
+        self.process_group.barrier().wait()
+
+
+def reserve_cross_port(name: str) -> int:
+    """Hold a port for cross group ``name`` here (its rank 0); asking twice gives the same port."""
+    if name in _CROSS_GROUPS:
+        raise RuntimeError(f"this process is already in cross group {name!r}: leave it first")
+    port = _CROSS_PORTS.get(name)
+    if port is None or not holds_port(port):
+        port = _CROSS_PORTS[name] = hold_port()
+    return port
+
+
+def _new_backend(backend: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    dist = _require_torch().distributed
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    if backend == "nccl":
+        nccl = getattr(dist, "ProcessGroupNCCL", None)
+        if nccl is None:
+            raise RuntimeError("this torch build has no NCCL: use backend='gloo' for this cross group")
+        options = nccl.Options()
+        options._timeout = timeout
+        return nccl(store, rank, world_size, options)
+    raise ValueError(f"cross groups support the 'gloo' and 'nccl' backends, not {backend!r}")
+
+
+def join_cross_group(
+    name: str,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> CrossGroup:
+    """Join cross group ``name`` as ``rank`` of ``world_size``; blocks until every member joined
+    (gloo connects at once; nccl connects at the first collective). Rank 0 serves the store on the
+    port ``reserve_cross_port`` holds."""
+    if name in _CROSS_GROUPS:
+        raise RuntimeError(f"this process is already in cross group {name!r}: leave it first")
+    backend = backend or default_backend()
+    timeout = timedelta(seconds=timeout_s)
+    store = _tcp_store(address, port, rank, world_size, timeout)
+    process_group = _new_backend(backend, store, rank, world_size, timeout)
+    _CROSS_PORTS.pop(name, None)
+    joined = _CROSS_GROUPS[name] = CrossGroup(name, rank, world_size, backend, process_group, store)
+    return joined
+
+
+def cross_group(name: str) -> CrossGroup:
+    """This process's membership of cross group ``name`` (joined through ``bring_up_cross``)."""
+    joined = _CROSS_GROUPS.get(name)
+    if joined is None:
+        known = ", ".join(sorted(_CROSS_GROUPS)) or "none"
+        raise KeyError(f"this process is not in cross group {name!r} (joined: {known})")
+    return joined
+
+
+def leave_cross_group(name: str) -> None:
+    """Leave cross group ``name`` and free its port; leaving a group not joined does nothing, so a
+    driver may clean up after a failed bring-up without knowing who got how far."""
+    release_port(_CROSS_PORTS.pop(name, None))
+    joined = _CROSS_GROUPS.pop(name, None)
+    if joined is not None:
+        with contextlib.suppress(Exception):  # a backend without shutdown is freed with its object
+            joined.process_group.shutdown()

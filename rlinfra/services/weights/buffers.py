@@ -1,0 +1,144 @@
+"""A receiver's weights: one version per ``Buffers``, double-buffered by ``DoubleBuffers``.
+
+Generation reads *current*; an update fills *shadow* meanwhile, and the swap makes it current in
+O(1); the version before stays as *previous*, for rollback, until the next update begins and
+reuses its memory as its own shadow. ``Buffers`` keeps a version in this process's memory; a
+transport that keeps it elsewhere (a GPU, the node's object store) subclasses it in its module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rlinfra.services.weights.buckets import Manifest, checksum, unpack
+from rlinfra.services.weights.gate import Gate
+
+# Shared weights' checks: node id -> bucket index -> (object id, checksum of the object's bytes).
+NodeChecks = Mapping[str, Mapping[int, tuple[str, int]]]
+
+
+class WeightsSwapError(RuntimeError):
+    """The staged version cannot be made current (not fully staged, or the gate is not ours)."""
+
+
+class WeightsVerifyError(ValueError):
+    """The weights a worker serves are not the version, or not the bytes, the trainer sent."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What verify holds a receiver to: the version, the sender's checksum of every bucket (none
+    with ``checksums=False``), and for shared weights what each node hashed."""
+
+    version: int
+    checksums: Mapping[int, int]
+    node_checks: NodeChecks | None = None
+
+
+@dataclass(frozen=True)
+class WeightsView:
+    """The weights a piece of generation uses: its version and tensors (read-only views)."""
+
+    version: int
+    tensors: Mapping[str, Any]
+
+
+@dataclass
+class Buffers:
+    """One version in this process's memory: a numpy uint8 array per bucket, checksummed as
+    received (unless ``hashed`` is off: ``WeightSync(checksums=False)``)."""
+
+    version: int
+    manifest: Manifest  # the bucket layout (none for initial weights given in-process)
+    hashed: bool = True
+    buckets: list[Any] = field(default_factory=list)
+    checksums: dict[int, int] = field(default_factory=dict)
+    tensors: Mapping[str, Any] = field(default_factory=dict)
+    views: ClassVar[Callable[..., dict[str, Any]]] = staticmethod(unpack)  # tensors from one bucket
+
+    def allocate(self, spare: Buffers | None) -> None:
+        """Buckets for the manifest: ``spare``'s memory where it has the same kind and layout
+        (double buffering: the last-but-one version's), else new ones."""
+        sizes = _sizes(self.manifest)
+        if type(spare) is type(self) and _sizes(spare.manifest) == sizes:
+            self.buckets = spare.buckets
+        else:
+            self.buckets = [self.new_bucket(size) for size in sizes]
+
+    def new_bucket(self, nbytes: int) -> Any:
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def digest(self, index: int) -> int:
+        """The checksum of bucket ``index``'s bytes as they are now."""
+        return checksum(self.buckets[index])
+
+    def build_views(self, as_torch: bool) -> None:
+        """The tensors, as views of the buckets, built before the swap so that it is O(1)."""
+        tensors: dict[str, Any] = {}
+        for spec, bucket in zip(self.manifest.buckets, self.buckets, strict=True):
+            if bucket is None:
+                raise RuntimeError(f"version {self.version}: bucket {spec.index} never arrived")
+            tensors.update(self.views(bucket, spec, as_torch=as_torch))
+        self.tensors = tensors
+
+    def adopt_checks(self, expected: Expected) -> list[str]:
+        """Take the checksums made for this process elsewhere, and say what does not hold the very
+        bytes that were checked. Private buffers hashed what they hold themselves: nothing to say."""
+        return []
+
+
+def _sizes(manifest: Manifest) -> list[int]:
+    return [spec.nbytes for spec in manifest.buckets]
+
+
+class DoubleBuffers:
+    """A receiver's ``current``, ``shadow`` and ``previous``, and the gate generation passes
+    through; they change only under the gate's lock (``with buffers:`` holds it)."""
+
+    def __init__(self, initial: Buffers) -> None:
+        self.gate = Gate()
+        self.current = initial
+        self.shadow: Buffers | None = None
+        self.previous: Buffers | None = None
+        self.served: dict[int, int] = {}  # version -> generation calls served with it
+
+    def __enter__(self) -> DoubleBuffers:
+        self.gate.lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.gate.lock.release()
+
+    def swap(self, version: int) -> int:
+        """Make the shadow current (O(1)); keep the old current for rollback. Returns its version."""
+        shadow = self.shadow
+        if shadow is None or shadow.version != version or not shadow.tensors:
+            raise WeightsSwapError(f"version {version} is not fully staged here")
+        self.previous, self.current, self.shadow = self.current, shadow, None
+        return self.previous.version
+
+    def rollback(self, version: int) -> int:
+        """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
+        self.shadow = None
+        if self.current.version == version and self.previous is not None:
+            self.current, self.previous = self.previous, self.current
+        return self.current.version
+
+    def verify(self, expected: Expected) -> dict[str, Any]:
+        """The version serving now and the checksum of every bucket as received, checked."""
+        current = self.current
+        elsewhere = current.adopt_checks(expected)  # first: shared weights take their node's checksums
+        mismatched = sorted(i for i, sent in expected.checksums.items() if current.checksums.get(i) != sent)
+        problems = []
+        if current.version != expected.version:
+            problems.append(f"serving version {current.version} (expected {expected.version})")
+        if mismatched:
+            problems.append(f"checksum mismatch in bucket(s) {mismatched[:8]}")
+        problems.extend(elsewhere)
+        if problems:
+            raise WeightsVerifyError("verify failed: " + "; ".join(problems))
+        return {"version": current.version, "buckets": len(current.checksums)}

@@ -1,0 +1,65 @@
+"""The job's config refusals, without Ray: every key a user writes is used or refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from examples.ppo_cartpole.config import JobConfigError, parse_job_config
+from examples.ppo_cartpole.job import USAGE_ERROR, main
+from tests.examples.job_checks import job_config
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algoo.iterations=3", "algoo: unknown section; did you mean 'algo'?"),
+        ("clusterr.num_nodes=1", "clusterr: unknown section; did you mean 'cluster'?"),
+        ("nmae=x", "nmae: unknown section; did you mean 'name'?"),
+    ],
+)
+def test_an_unknown_top_level_section_is_named_with_the_nearest(override: str, message: str) -> None:
+    with pytest.raises(JobConfigError, match=message):
+        parse_job_config(job_config("colocated", override))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.lerning_rate=0.1", "algo.lerning_rate: unknown key; did you mean 'learning_rate'?"),
+        ("run.transprt=broadcast", "run.transprt: unknown key; did you mean 'transport'?"),
+        # Removed: CPUs come from each component's num_cpus in the cluster section.
+        ("run.num_cpus=2", "run.num_cpus: unknown key; expected one of entrypoint, output_dir"),
+    ],
+)
+def test_an_unknown_algo_or_run_key_is_named(override: str, message: str) -> None:
+    with pytest.raises(JobConfigError, match=message):
+        parse_job_config(job_config("colocated", override))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.seed=abc", "algo.seed: expected int, got 'abc'"),
+        ("algo.learning_rate=fast", "algo.learning_rate: expected float, got 'fast'"),
+        ("run.plot=maybe", "run.plot: expected true or false, got 'maybe'"),
+        ("run.plot=2", "run.plot: expected true or false, got 2"),  # OmegaConf alone reads true
+        ("algo=3", "algo: expected a mapping, got 3"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named(override: str, message: str) -> None:
+    with pytest.raises(JobConfigError, match=message):
+        parse_job_config(job_config("colocated", override))
+
+
+def test_values_are_typed_by_the_schema() -> None:
+    job = parse_job_config(job_config("colocated", "algo.iterations='7'", "run.call_timeout_s=5"))
+    assert (job.algo.iterations, job.run.call_timeout_s, job.name) == (7, 5.0, "colocated")
+    assert isinstance(job.run.call_timeout_s, float)
+
+
+def test_main_refuses_a_bad_config_with_status_2_before_ray_starts(capsys) -> None:
+    assert main(job_config("colocated", "algoo.iterations=3")) == USAGE_ERROR
+    err = capsys.readouterr().err
+    assert "algoo: unknown section" in err and "Traceback" not in err
+    assert not ray.is_initialized()
