@@ -33,9 +33,9 @@ class ComponentPlacement:
     ``cluster`` is a ``ClusterSpec`` (dry run) or a live ``rlinfra.Cluster``. Components written in
     one key (``"actor,inference": 0-7``) share one strategy object. The mapping form may also give
     ``env_vars`` (the component's environment layer, see ``rlinfra.runtime.env``),
-    ``constraints`` (``rlinfra.placement.constraints``) and ``num_cpus`` (CPUs per process, see
-    ``rlinfra.runtime.bundles``); they travel on the strategy, so that
-    ``launch(cluster, placement.get_strategy(name))`` honours them.
+    ``constraints`` (``rlinfra.placement.constraints``), ``num_cpus`` (CPUs per process, see
+    ``rlinfra.runtime.bundles``) and ``restart`` (``rlinfra.placement.restart``); they travel on
+    the strategy, so that ``launch(cluster, placement.get_strategy(name))`` honours them.
     """
 
     def __init__(self, cfg: Any, cluster: Any) -> None:
@@ -153,7 +153,7 @@ class ComponentPlacement:
         kind = NodePlacementStrategy if pool.is_node else FlexiblePlacementStrategy
         strategy = kind.from_checked_ranks(resources, entry.node_groups, where)
         strategy.env_vars, strategy.constraints = entry.env_vars, entry.constraints
-        strategy.num_cpus = entry.num_cpus
+        strategy.num_cpus, strategy.restart = entry.num_cpus, entry.restart
         return strategy
 
     def _check_constraints(self, strategy: PlacementStrategy, placements: list[Placement], key: str) -> None:

@@ -9,7 +9,8 @@ cluster spec and placement (``node_groups``, ``components``), the runtime (``add
     cluster:
       num_nodes: 2
       num_gpus_per_node: 8        # RLinf's: what a dry run assumes, what each live node must have
-      component_placement: {actor: 0-7, env: {node_group: node, placement: 0-1, num_cpus: 2}}
+      component_placement: {actor: 0-7, env: {node_group: node, placement: 0-1, num_cpus: 2,
+                                                   restart: {max: 3, within_s: 600}}}
       node_groups: [...]          # rlinfra.placement.node_groups
       address: ray://head:10001   # attach instead of starting an embedded Ray
       simulate: 2x8               # rehearse on one machine: N real raylets with logical GPUs
@@ -41,6 +42,7 @@ from rlinfra.placement.errors import PlacementError, Span
 from rlinfra.placement.grammar import bounded_int
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, parse_node_groups
 from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
+from rlinfra.placement.restart import RestartPolicy, parse_restart
 from rlinfra.placement.secret_specs import SecretSpec, parse_secret_specs
 
 MAX_NODES = 100_000
@@ -65,7 +67,7 @@ CLUSTER_FIELDS = (
     "profiling",
     "auto_scheduler",  # RLinf's; accepted only as false (see _refuse_auto_scheduler)
 )
-COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus")
+COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus", "restart")
 # RLinf's dynamic scheduler (GPUs moved between rollout and training at run time), which rlinfra
 # does not provide: with ``auto_scheduler: false`` and none of its settings, nothing is lost.
 AUTO_SCHEDULER_FIELDS = (
@@ -89,8 +91,9 @@ _COUNT = re.compile(r"\s*[0-9]+\s*")
 class ComponentConfig:
     """One key of ``component_placement``: the components it names (``"actor,inference"`` names
     two, sharing one strategy), their node groups, the placement string as written, and the
-    component's own ``env_vars``, ``constraints`` and ``num_cpus`` (CPUs per process; None: the
-    default rule of ``rlinfra.runtime.bundles``)."""
+    component's own ``env_vars``, ``constraints``, ``num_cpus`` (CPUs per process; None: the
+    default rule of ``rlinfra.runtime.bundles``) and ``restart`` budget (None: the default of
+    ``rlinfra.placement.restart``)."""
 
     key: str
     names: tuple[str, ...]
@@ -99,6 +102,7 @@ class ComponentConfig:
     env_vars: EnvVars = NO_ENV_VARS
     constraints: Constraints = NO_CONSTRAINTS
     num_cpus: float | None = None
+    restart: RestartPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,7 @@ def parse_components(raw: Any, num_nodes: int, where: str) -> tuple[ComponentCon
 def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> ComponentConfig:
     names = _component_names(key)
     node_group: Any = CLUSTER_GROUP
-    env_vars, constraints, num_cpus = NO_ENV_VARS, NO_CONSTRAINTS, None
+    env_vars, constraints, num_cpus, restart = NO_ENV_VARS, NO_CONSTRAINTS, None, None
     if isinstance(value, Mapping):
         reject_unknown_keys(value, COMPONENT_FIELDS, path)
         if "placement" not in value:
@@ -231,10 +235,11 @@ def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> Compone
         env_vars = parse_env_vars(value.get("env_vars"), f"{path}.env_vars")
         constraints = parse_constraints(value.get("constraints"), f"{path}.constraints", num_nodes)
         num_cpus = _cpus(value.get("num_cpus"), f"{path}.num_cpus")
+        restart = parse_restart(value.get("restart"), f"{path}.restart")
         value = value["placement"]
     text = _placement_text(value, path)
     labels = _node_group_labels(node_group, f"{path}.node_group")
-    return ComponentConfig(key, names, labels, text, env_vars, constraints, num_cpus)
+    return ComponentConfig(key, names, labels, text, env_vars, constraints, num_cpus, restart)
 
 
 def _component_names(key: str) -> tuple[str, ...]:

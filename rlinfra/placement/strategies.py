@@ -25,6 +25,7 @@ from rlinfra.placement.gc_pause import gc_paused
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NODE_GROUP, NODE_KIND, NodeSpec
 from rlinfra.placement.record import Placement
 from rlinfra.placement.resources import ResourcePool
+from rlinfra.placement.restart import RestartPolicy
 
 
 def as_cluster_spec(cluster: Any) -> ClusterSpec:
@@ -61,15 +62,16 @@ def _labels(node_group: str | Sequence[str] | None, default: str) -> tuple[str, 
 class PlacementStrategy:
     """Base class: subclasses say which resources each process gets; this class builds records.
 
-    ``env_vars``, ``constraints`` and ``num_cpus`` are the component's own, set by
+    ``env_vars``, ``constraints``, ``num_cpus`` and ``restart`` are the component's own, set by
     ``ComponentPlacement`` from the config (a strategy built by hand has none: no variables, no
-    constraints, the default CPU rule).
+    constraints, the default CPU rule and restart budget).
     """
 
     as_nodes = False
     env_vars: EnvVars = NO_ENV_VARS
     constraints: Constraints = NO_CONSTRAINTS
     num_cpus: float | None = None
+    restart: RestartPolicy | None = None
 
     def __init__(self, node_groups: tuple[str, ...], where: str) -> None:
         self.node_groups = node_groups

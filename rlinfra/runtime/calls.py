@@ -17,9 +17,17 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from rlinfra.runtime.errors import RankFailure, WorkerGroupError
+from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
+from rlinfra.runtime.watchdog import ProgressSource, StuckWatch
 
 FAILURE_GRACE_S = 0.5
+
+
+class Default:
+    """The type of ``DEFAULT``: "the group's setting", where None already means "none"."""
+
+
+DEFAULT = Default()
 # Ray declares a node dead after its health checks fail (about 1.5 s in rlinfra's embedded Ray,
 # 15 s with Ray's defaults); an unreachable worker waits this long for that verdict.
 NODE_VERDICT_S = 3.0
@@ -56,6 +64,8 @@ class GroupCall:
         default_timeout: float,
         gather: Callable[[list[Any]], Any] | None = None,
         dead_nodes: Callable[[], set[int]] = set,
+        progress: ProgressSource | None = None,
+        stuck_after: float | None = None,
     ) -> None:
         self.group_name = group_name
         self.action = action
@@ -67,10 +77,17 @@ class GroupCall:
         self._dead_nodes = dead_nodes
         self._rank_of = dict(zip(self.refs, self.ranks, strict=True))
         self._unreachable: set[int] = set()
+        self._progress = progress
+        self.stuck_after = stuck_after
+        self.issued = time.monotonic()
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None, stuck_after: float | Default | None = DEFAULT) -> Any:
         """Results in rank order (or gathered, for a split call). Raises ``WorkerGroupError`` at
         the first failed rank, or when ``timeout`` (default: the group's call timeout) passes.
+
+        A rank that makes no progress — neither returns nor beats (``Worker.heartbeat()``) — for
+        ``stuck_after`` seconds since the call was issued (default: the group's; None: never) is a
+        failure of kind ``stuck``, reported with its Python stack (``rlinfra.runtime.watchdog``).
 
         After a first failure the other ranks get up to ``FAILURE_GRACE_S`` more to finish, so
         their results ride on the error; ranks blocked for good (in a collective with the dead
@@ -81,12 +98,16 @@ class GroupCall:
         pending = list(self.refs)
         results: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
+        watch = self._watch(self.stuck_after if isinstance(stuck_after, Default) else stuck_after)
         while pending and not failures:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            slice_s = remaining if watch is None else min(remaining, watch.due_in())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=slice_s)
             self._collect(ready, results, failures)
+            if watch is not None and not ready and watch.due_in() == 0:
+                failures.update(self._stuck(watch, pending))
         if failures and pending:
             grace = max(0.0, min(deadline, time.monotonic() + FAILURE_GRACE_S) - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
@@ -99,6 +120,29 @@ class GroupCall:
             raise WorkerGroupError(self.group_name, self.action, failures, results, still_running)
         ordered = [results[rank] for rank in self.ranks]
         return self._gather(ordered) if self._gather else ordered
+
+    def _watch(self, stuck_after: float | None) -> StuckWatch | None:
+        if stuck_after is None or self._progress is None:
+            return None
+        return StuckWatch(self._progress, stuck_after, self.issued)
+
+    def _stuck(self, watch: StuckWatch, pending: Sequence[ray.ObjectRef]) -> dict[int, RankFailure]:
+        """Failures of kind ``stuck`` for the silent pending ranks, each with its stack (a rank
+        that returned while it was being asked is not stuck: the next wait collects it)."""
+        silent = watch.silent_ranks([self._rank_of[ref] for ref in pending])
+        just_done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        for ref in just_done:
+            silent.pop(self._rank_of[ref], None)
+        return {
+            rank: RankFailure(
+                rank,
+                self._node_of_rank(rank),
+                watch.reason(self.action, quiet, age),
+                watch.source.stack_of(rank),
+                STUCK,
+            )
+            for rank, (quiet, age) in silent.items()
+        }
 
     def _no_answer(self, pending: Sequence[ray.ObjectRef], limit: float) -> dict[int, RankFailure]:
         reason = f"no answer within {limit:g} s (still running)"

@@ -10,14 +10,20 @@ class ClusterError(RuntimeError):
     """The Ray cluster is not what the config asks for (too few nodes, a resource mismatch …)."""
 
 
+FAILED = "failed"  # the method raised, the process died, its node was lost, no answer in time
+STUCK = "stuck"  # alive, but no progress (no return, no heartbeat) for the call's stuck_after
+
+
 @dataclass(frozen=True)
 class RankFailure:
-    """Why one rank of a group failed: its node, a one-line reason and the remote traceback."""
+    """Why one rank of a group failed: its node, a one-line reason, the remote traceback (for a
+    stuck rank: its Python stack at that moment) and the ``kind`` of failure."""
 
     rank: int
     node_rank: int | None
     reason: str
     traceback: str = ""
+    kind: str = FAILED
 
 
 class WorkerGroupError(RuntimeError):
@@ -47,14 +53,21 @@ class WorkerGroupError(RuntimeError):
     def failed_ranks(self) -> list[int]:
         return list(self.failures)
 
+    @property
+    def kind(self) -> str:
+        """``stuck`` when every failed rank is alive but silent, else ``failed``."""
+        return STUCK if all(failure.kind == STUCK for failure in self.failures.values()) else FAILED
+
     def _render(self) -> str:
         ranks = ", ".join(str(rank) for rank in self.failures)
-        lines = [f"worker group {self.group!r}: {self.action} failed on rank(s) {ranks}"]
+        verb = "is stuck" if self.kind == STUCK else "failed"
+        lines = [f"worker group {self.group!r}: {self.action} {verb} on rank(s) {ranks}"]
         for failure in list(self.failures.values())[:8]:
             where = f"node {failure.node_rank}" if failure.node_rank is not None else "unknown node"
             lines.append(f"  rank {failure.rank} ({where}): {failure.reason}")
             if failure.traceback:
-                lines.extend("    " + line for line in failure.traceback.rstrip().splitlines()[-25:])
+                shown = failure.traceback.rstrip().splitlines()
+                lines.extend("    " + line for line in (shown[:40] if failure.kind == STUCK else shown[-25:]))
         if len(self.failures) > 8:
             lines.append(f"  … and {len(self.failures) - 8} more failed ranks")
         if self.results:

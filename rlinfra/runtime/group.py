@@ -18,6 +18,7 @@ topology constraints are checked against the nodes before reserving
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import time
@@ -40,14 +41,29 @@ from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
 from rlinfra.runtime.hosting import HostMethods, WorkerContext, hosted_class
 from rlinfra.runtime.layout import Layout, cpus_per_process
+from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import SecretsChannel, publish_secrets
+from rlinfra.runtime.stacks import python_stack
+from rlinfra.runtime.supervision import (
+    FAILED,
+    REFUSED,
+    REPLACED,
+    Restart,
+    RestartBudget,
+    SupervisionError,
+    UnreplaceableError,
+)
 from rlinfra.runtime.topology import BundleNode
+from rlinfra.runtime.watchdog import PROBE_TIMEOUT_S
 
 logger = logging.getLogger("rlinfra")
 
 DEFAULT_LAUNCH_TIMEOUT_S = 120.0
+DEFAULT_STUCK_AFTER_S = 300.0  # a call's rank silent this long (no return, no heartbeat) is stuck
 ROLE_CALL = "rlinfra_role_call"  # what rlinfra.runtime.fused gives a fused worker to reach a role
 DEFAULT_CALL_TIMEOUT_S = 600.0
+GONE_PROBE_S = 5.0  # how long gone_ranks waits for the live ranks' probes
+NAME_RELEASE_POLL_S = 0.02  # Ray gives no event for a killed actor's name becoming free
 
 
 class WorkerGroup:
@@ -62,12 +78,19 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self.worker_info: list[dict[str, Any]] = []
         self.call_timeout = DEFAULT_CALL_TIMEOUT_S
+        self.stuck_after: float | None = DEFAULT_STUCK_AFTER_S
         self.max_concurrency = 1
         self.master_address: tuple[str, int] | None = None
         self._layout: Layout | None = None
         self._own_layout: Layout | None = None  # reserved by launch when not given one
         self._secrets: SecretsChannel | None = None
         self._cluster: Cluster | None = None
+        self._actor_cls: Any = None
+        self._spawn_specs: list[tuple[WorkerContext, dict[str, Any]]] = []  # per rank, for replace
+        self.launch_timeout = DEFAULT_LAUNCH_TIMEOUT_S
+        self.restart_budget = RestartBudget(None)
+        self.restarts: list[Restart] = []  # every replacement attempt, in order
+        self._incarnations: dict[int, int] = {}  # rank -> processes started after its first
 
     # ----------------------------------------------------------------------------------- launch
     def launch(
@@ -81,6 +104,7 @@ class WorkerGroup:
         layout: Layout | None = None,
         launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S,
         call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        stuck_after: float | None = DEFAULT_STUCK_AFTER_S,
         max_concurrency: int = 1,
     ) -> WorkerGroup:
         """Start every rank and return when all are ready; on any failure release everything
@@ -96,6 +120,9 @@ class WorkerGroup:
         and from the strategy (``ComponentPlacement`` puts the component's ``env_vars`` and
         ``constraints`` on it). ``max_concurrency > 1`` runs each worker's methods in that many
         threads, e.g. so that a rollout worker keeps generating while new weights are staged into it.
+        ``stuck_after`` is the default of every call's progress watch: a rank that neither returns
+        nor calls ``self.heartbeat()`` for that long is reported stuck, with its stack (None: off;
+        ``wait(stuck_after=...)`` overrides it per call).
 
         Without ``placement_strategy`` the group takes RLinf's default: one process per accelerator
         of the cluster, or one process on node 0 when there are none. ``num_cpus`` (CPUs per
@@ -109,7 +136,10 @@ class WorkerGroup:
             placement_strategy = default_strategy(cluster)
         self.name = name or self.name
         self.call_timeout = call_timeout
+        self.stuck_after = stuck_after
         self.max_concurrency = max_concurrency
+        self.launch_timeout = launch_timeout
+        self.restart_budget = RestartBudget(placement_strategy.restart)
         self._cluster = cluster
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         cpus = cpus_per_process(self.name, num_cpus, placement_strategy.num_cpus)
@@ -161,7 +191,10 @@ class WorkerGroup:
         runtime_envs: list[dict[str, Any] | None],
         spec: ClusterSpec,
     ) -> None:
-        actor_cls: Any = ray.remote(hosted_class(self.worker_cls))
+        # The watch group: a thread of the actor's own that answers progress probes while the
+        # worker's method is busy (rlinfra.runtime.progress).
+        watched: Any = ray.remote(concurrency_groups={WATCH_GROUP: 1})  # type: ignore[call-overload]
+        self._actor_cls = watched(hosted_class(self.worker_cls))
         for placement, reservation, env, runtime_env in zip(
             self.placements, reservations, envs, runtime_envs, strict=True
         ):
@@ -188,7 +221,14 @@ class WorkerGroup:
                 options["resources"] = dict(reservation.resources)
             if runtime_env is not None:
                 options["runtime_env"] = runtime_env
-            self.actors.append(actor_cls.options(**options).remote(context, *self._args, **self._kwargs))
+            self._spawn_specs.append((context, options))
+            self.actors.append(self._spawn(placement.rank))
+
+    def _spawn(self, rank: int, incarnation: int = 0) -> Any:
+        """A new actor for ``rank``: same name, bundle, resources and context as the first one."""
+        context, options = self._spawn_specs[rank]
+        context = dataclasses.replace(context, incarnation=incarnation)
+        return self._actor_cls.options(**options).remote(context, *self._args, **self._kwargs)
 
     @property
     def reservations(self) -> list[ActorReservation]:
@@ -220,7 +260,8 @@ class WorkerGroup:
         call = self.call(HostMethods.rlinfra_ready, action="starting (constructor)")
         if len(call.refs) >= 16 and sys.stderr.isatty():
             _progress_until_ready(call.refs, remaining(deadline), self.name)
-        return call.wait(timeout=remaining(deadline))
+        # No progress watch: nothing answers a probe before its constructor has returned.
+        return call.wait(timeout=remaining(deadline), stuck_after=None)
 
     def _check_ray_device_ids(self) -> None:
         """Warn when Ray's ledger holds other device ids than the ones the workers use.
@@ -361,6 +402,130 @@ class WorkerGroup:
             self.call_timeout if timeout is None else timeout,
             gather,
             self._cluster.dead_node_ranks if self._cluster is not None else set,
+            progress=self,
+            stuck_after=self.stuck_after,
+        )
+
+    def heartbeat_ages(self, ranks: Sequence[int], timeout_s: float) -> dict[int, float | None]:
+        """Seconds since each rank's last ``heartbeat()`` (None: never), as the ranks answer in
+        their watch thread within ``timeout_s``; ranks that do not answer are left out."""
+        refs = {self.actors[rank].rlinfra_heartbeat_age.remote(): rank for rank in ranks}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        ages: dict[int, float | None] = {}
+        for ref in ready:
+            with contextlib.suppress(ray.exceptions.RayError):  # a dead rank: the wait reports it
+                ages[refs[ref]] = ray.get(ref, timeout=0)
+        return ages
+
+    def stack_of(self, rank: int) -> str:
+        """The rank's Python stack now: py-spy's view from outside (it works while the worker holds
+        the GIL), else the worker's own view of its threads, else why there is none."""
+        info = self.worker_info[rank]
+        stack = python_stack(info["node_id"], info["pid"])
+        if stack is not None:
+            return stack
+        ref = self.actors[rank].rlinfra_thread_stacks.remote()
+        ready, _ = ray.wait([ref], timeout=PROBE_TIMEOUT_S)
+        with contextlib.suppress(ray.exceptions.RayError):
+            if ready:
+                return "(from inside the worker; py-spy could not attach)\n" + ray.get(ref, timeout=0)
+        return "(no stack: py-spy could not attach, and the worker holds its interpreter)"
+
+    # ---------------------------------------------------------------------------- supervision
+    def gone_ranks(self, timeout_s: float = GONE_PROBE_S) -> list[int]:
+        """Ranks whose process or node is gone now. Every rank is probed in its watch thread, so a
+        busy or stuck rank still answers; a dead one's probe fails at once."""
+        dead_nodes = self.cluster.dead_node_ranks()
+        gone = {rank for rank in self.ranks if self.node_rank_of(rank) in dead_nodes}
+        probes = {self.actors[r].rlinfra_heartbeat_age.remote(): r for r in self.ranks if r not in gone}
+        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.ActorDiedError:
+                gone.add(probes[ref])
+            except ray.exceptions.RayError:  # unavailable for now, not known dead: not replaced
+                pass
+        return sorted(gone)
+
+    def replace(self, rank: int, reason: str = "", *, timeout: float | None = None) -> Restart:
+        """Relaunch ``rank`` into its own reserved bundle: same rank, node, devices, environment
+        and constructor arguments, a fresh process. The old worker is killed first if it still
+        runs. Returns once the new one is ready (its ``MASTER_ADDR``/``MASTER_PORT`` set); its
+        state is the constructor's — weights come from ``WeightSync.admit``.
+
+        Charged to the group's restart budget (``restart:`` in the YAML); raises
+        ``RestartBudgetExhausted`` when it is spent, ``UnreplaceableError`` when the rank's node is
+        gone, and ``WorkerGroupError`` when the new worker does not come up within ``timeout``
+        (default: the launch timeout). Every attempt is recorded in ``restarts``.
+        """
+        self._launched_layout()
+        if not 0 <= rank < len(self.actors):
+            raise ValueError(
+                f"worker group {self.name!r} has ranks 0-{len(self.actors) - 1}; cannot replace {rank}"
+            )
+        node_rank, started, wall = self.node_rank_of(rank), time.monotonic(), time.time()
+
+        def record(outcome: str, detail: str = "") -> Restart:
+            attempt = Restart(
+                self.name, rank, node_rank, reason, wall, time.monotonic() - started, outcome, detail
+            )
+            self.restarts.append(attempt)
+            return attempt
+
+        try:
+            if node_rank in self.cluster.dead_node_ranks():
+                raise UnreplaceableError(
+                    self.name,
+                    rank,
+                    node_rank,
+                    "its node is gone, so its bundle and devices cannot be had again",
+                )
+            self.restart_budget.charge(self.name, rank, node_rank)
+        except SupervisionError as error:
+            record(REFUSED, str(error))
+            raise
+        deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
+        try:
+            self._retire(rank, deadline)
+            self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
+            self.actors[rank] = self._spawn(rank, self._incarnations[rank])
+            ready = self.call(HostMethods.rlinfra_ready, [rank], action="restarting (constructor)")
+            self.worker_info[rank] = ready.wait(timeout=remaining(deadline), stuck_after=None)[0]
+            self._publish_master(rank, remaining(deadline))
+        except BaseException as error:
+            record(FAILED, str(error).splitlines()[0] if str(error) else type(error).__name__)
+            raise
+        return record(REPLACED)
+
+    def _retire(self, rank: int, deadline: float) -> None:
+        """Kill the rank's actor and wait until Ray has let go of it (its name is free again)."""
+        old, name = self.actors[rank], f"{self.name}:{rank}"
+        with contextlib.suppress(Exception):
+            ray.kill(old, no_restart=True)
+        death = old.rlinfra_heartbeat_age.remote()  # fails once the actor is dead: the event to wait on
+        ray.wait([death], timeout=remaining(deadline))
+        while True:  # the name is released as the actor's death is recorded, a moment after
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"worker group {self.name!r}: Ray still holds actor {name!r} after it was killed"
+                )
+            time.sleep(NAME_RELEASE_POLL_S)
+
+    def _publish_master(self, rank: int, timeout: float) -> None:
+        """A replaced rank 0 binds the rendezvous port again for everyone; another replaced rank
+        learns the current address."""
+        if rank == 0 or self.master_address is None:
+            self.refresh_master_address(timeout)
+            return
+        address, port = self.master_address
+        env = {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
+        self.call(HostMethods.rlinfra_set_env, [rank], args=(env,), action="publishing MASTER_ADDR").wait(
+            timeout
         )
 
     # ------------------------------------------------------------------------------- teardown

@@ -21,7 +21,8 @@ import ray
 from rlinfra.placement.env_vars import PATH_SEPARATOR, merge_paths
 from rlinfra.placement.node_groups import HardwareUnit
 from rlinfra.placement.record import Placement
-from rlinfra.runtime import process_groups
+from rlinfra.runtime import process_groups, progress
+from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import receive_secrets
 
 SECRETS_TIMEOUT_S = 60.0
@@ -43,6 +44,7 @@ class WorkerContext:
     merge_env: tuple[str, ...] = ()
     secrets: Any = None
     hardware: tuple[HardwareUnit, ...] = ()
+    incarnation: int = 0  # how many times the rank was replaced before this process
 
 
 def _set_env(context: WorkerContext) -> None:
@@ -73,6 +75,7 @@ class HostMethods:
         self._node_rank = self._cluster_node_rank = placement.cluster_node_rank
         self._local_accelerator_rank = placement.local_accelerator_rank
         self._worker_name = f"{context.group_name}:{placement.rank}"
+        self._incarnation = context.incarnation
         _set_env(context)
         if context.secrets is not None:
             receive_secrets(context.secrets, SECRETS_TIMEOUT_S)
@@ -93,6 +96,16 @@ class HostMethods:
         if port is None or not process_groups.holds_port(port):
             port = self._rlinfra_master_port = process_groups.hold_port()
         return ray.util.get_node_ip_address(), port
+
+    @ray.method(concurrency_group=WATCH_GROUP)
+    def rlinfra_heartbeat_age(self) -> float | None:
+        """Seconds since this process last beat (answered in the watch thread, so a busy
+        worker answers too)."""
+        return progress.seconds_since_heartbeat()
+
+    @ray.method(concurrency_group=WATCH_GROUP)
+    def rlinfra_thread_stacks(self) -> str:
+        return progress.thread_stacks()
 
     def rlinfra_set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)

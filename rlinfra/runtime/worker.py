@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from rlinfra.placement.node_groups import HardwareUnit
 from rlinfra.placement.record import Placement
+from rlinfra.runtime import progress
 from rlinfra.runtime.address import WorkerAddress
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.secrets import received_secret
@@ -53,6 +54,7 @@ class Worker:
     _worker_name: str = ""
     _placement: Placement | None = None
     _hardware: tuple[HardwareUnit, ...] = ()
+    _incarnation: int = 0
 
     def __init__(self) -> None:
         """Nothing to do: the hosting actor bound the context already. Kept so that the seed's
@@ -70,6 +72,13 @@ class Worker:
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    @property
+    def incarnation(self) -> int:
+        """0 for the rank's first process, n after its n-th replacement (``WorkerGroup.replace``):
+        e.g. a rollout worker that was replaced waits for ``WeightSync.admit`` instead of loading
+        initial weights, and an env worker reseeds."""
+        return self._incarnation
 
     @property
     def worker_address(self) -> WorkerAddress:
@@ -116,6 +125,11 @@ class Worker:
     def secret(self, name: str) -> str:
         """The value of secret ``name`` from ``cluster.secrets`` (delivered outside Ray's records)."""
         return received_secret(name)
+
+    def heartbeat(self) -> None:
+        """Prove progress from a long method: a rank that neither returns nor beats for its
+        call's ``stuck_after`` is reported stuck, with its stack. Cheap; call it every step."""
+        progress.heartbeat()
 
     def log_info(self, message: str) -> None:
         self._logger().info(message)

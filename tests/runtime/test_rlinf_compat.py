@@ -3,7 +3,7 @@
 Node 0 has 4 logical GPUs and two Franka arms (a ``gpu`` and a ``franka`` node group sharing the
 node); node 1 is a CPU-only node with 4 logical CPUs. One ``env`` component spans both kinds, as
 RLinf allows (``node_group: "gpu,franka"``, ``placement: "0,4"``): a simulator on GPU 0 and a
-worker driving the first arm, each checked from inside its process. 64 agent processes share
+worker driving the first arm, each checked from inside its process. 32 agent processes share
 node 1's 4 CPUs (the seed example's shape, scaled down), and a reservation no node can hold fails
 in seconds instead of waiting out the deadline.
 """
@@ -36,7 +36,7 @@ CFG: dict[str, Any] = {
         "simulate_cpus": 4,
         "component_placement": {
             "env": {"node_group": "gpu,franka", "placement": "0,4"},
-            "agent": {"node_group": "node", "placement": "1:0-63"},
+            "agent": {"node_group": "node", "placement": "1:0-31"},
             "hungry": {"node_group": "node", "placement": "1:0-1", "num_cpus": 3},
         },
         "node_groups": [
@@ -98,17 +98,17 @@ def test_one_env_component_drives_a_gpu_simulator_and_a_robot(
     assert robot["env"]["CUDA_VISIBLE_DEVICES"] is None
 
 
-def test_64_node_processes_share_a_4_cpu_node(cluster: Cluster, placement: ComponentPlacement) -> None:
-    """Each worker holding a whole CPU, 64 agents could never fit on 4 CPUs; sharing, they do."""
+def test_32_node_processes_share_a_4_cpu_node(cluster: Cluster, placement: ComponentPlacement) -> None:
+    """Each worker holding a whole CPU, 32 agents could never fit on 4 CPUs; sharing, they do."""
     agents = Probe.create_group().launch(cluster, placement.get_strategy("agent"), name="agent")
     try:
         reports = agents.report().wait(timeout=120)
         reserved = {row.num_cpus for row in agents.reservations}
     finally:
         agents.shutdown()
-    assert [report["rank"] for report in reports] == list(range(64))
+    assert [report["rank"] for report in reports] == list(range(32))
     assert {report["node"] for report in reports} == {1}
-    assert reserved == {0.0156}  # 1/64 of the node's one shared CPU, rounded down
+    assert reserved == {0.0312}  # 1/32 of the node's one shared CPU, rounded down
 
 
 def test_a_reservation_no_node_can_hold_fails_in_seconds(

@@ -1,5 +1,6 @@
 """Weight updates behind a version barrier: prepare → pause → swap → verify → resume."""
 
+from rlinfra.services.weights.admission import WeightsNotAdmittedError
 from rlinfra.services.weights.barrier import UpdateReport, WeightSync, WeightSyncError
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
 from rlinfra.services.weights.buffers import WeightsSwapError, WeightsVerifyError, WeightsView
@@ -16,6 +17,7 @@ __all__ = [
     "WeightSender",
     "WeightSync",
     "WeightSyncError",
+    "WeightsNotAdmittedError",
     "WeightsPauseError",
     "WeightsPausedError",
     "WeightsSwapError",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,8 @@ class WeightSync:
         self.lease_s = lease_s
         self.version = initial_version
         self.checksums = checksums
+        self.staged: Prepared | None = None  # prepared, neither committed nor abandoned yet
+        self._committed = Expected(initial_version, {})  # what the serving version must hash to
         self._link = Link(sender, sender_rank, receivers, step_timeout_s, checksums)
         self.alive = self._link.alive  # the receiver ranks still taking part (the dead leave it)
         self._transport = BY_NAME[transport](self._link, cross_group)
@@ -187,7 +189,8 @@ class WeightSync:
         finally:
             with contextlib.suppress(Exception):  # the sender's own failure is already being reported
                 link.on_sender(WeightSender.weights_close, version)
-        return Prepared(version, manifest, checksums, time.perf_counter() - started, node_checks)
+        self.staged = Prepared(version, manifest, checksums, time.perf_counter() - started, node_checks)
+        return self.staged
 
     def commit(self, prepared: Prepared, while_paused: Callable[[], None] | None = None) -> UpdateReport:
         """Pause → swap → verify → resume (always). On any failure: roll back, resume, raise.
@@ -213,6 +216,7 @@ class WeightSync:
         except BaseException as error:
             if step != "while paused":
                 step = _failed_step(step, error)
+            self.staged = None
             self._recover(version, resume_owner=owner)
             _let_through(error)
             raise self._error(step, version, error) from error
@@ -221,11 +225,60 @@ class WeightSync:
         except BaseException as error:
             raise self._error("resume", version, error) from error
         pause_s = time.perf_counter() - paused_at
-        self.version = version
+        self.version, self.staged = version, None
+        self._committed = Expected(version, prepared.checksums)
         self._transport.committed(version)
         nbytes, count = prepared.manifest.nbytes, len(prepared.manifest.buckets)
         prepare_s, held_s = prepared.prepare_s, max((held for _, held in resumed), default=0.0)
         return UpdateReport(version, nbytes, count, prepare_s, pause_s, prepare_s + pause_s, drained, held_s)
+
+    def abandon(self) -> int | None:
+        """Drop the staged version, if any, from every surviving receiver (they keep serving the
+        committed one); returns its number. Supervision does this before admitting a worker, then
+        prepares the trainer's version again, so that the newcomer is staged with the rest."""
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return None
+        self._on_survivors(WeightReceiver.weights_rollback, staged.version)
+        return staged.version
+
+    def admit(self, ranks: Sequence[int]) -> int:
+        """Give receiver ``ranks`` (replaced or added workers, serving nothing yet) the committed
+        version, copied from a live peer and checked against that version's checksums
+        (``rlinfra.services.weights.admission``); they then take part in every later update.
+        Returns the version. Refused while a version is staged (``abandon`` it first).
+
+        Raises ``WeightSyncError`` (step ``admit``) when no peer can give the version or a
+        newcomer's copy does not verify; the newcomers then serve nothing."""
+        newcomers = sorted(set(ranks))
+        if self.staged is not None:
+            raise RuntimeError(
+                f"version {self.staged.version} is staged; commit or abandon it before admitting {newcomers}"
+            )
+        receivers = self.receivers
+        peers = [rank for rank in self.alive if rank not in newcomers]
+        failure: BaseException | None = None
+        for peer in peers:
+            snapshot = receivers.call(WeightReceiver.weights_snapshot, [peer], timeout=self.step_timeout_s)
+            try:
+                taking = receivers.call(
+                    WeightReceiver.weights_admit,
+                    newcomers,
+                    args=([snapshot.refs[0]], self._committed),
+                    timeout=self.step_timeout_s,
+                    action=f"admission at version {self.version} (copied from rank {peer})",
+                )
+                snapshot.wait()  # a dead peer: try the next one
+                taking.wait()
+            except WorkerGroupError as error:
+                failure = error
+                if error.group == receivers.name and error.failed_ranks == [peer]:
+                    continue
+                break
+            self.alive[:] = sorted(set(self.alive) | set(newcomers))
+            return self.version
+        cause = failure or RuntimeError(f"no live receiver holds version {self.version} to copy from")
+        raise WeightSyncError("admit", self.version, self.version, cause)
 
     # ------------------------------------------------------------------------------- recovery
     def _recover(self, version: int, resume_owner: str | None) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from rlinfra.services.weights.admission import AdmissionReceiver, WeightsNotAdmittedError
 from rlinfra.services.weights.buckets import Manifest, plan_buckets
 from rlinfra.services.weights.buffers import Buffers, Expected, WeightsSwapError, WeightsView
 from rlinfra.services.weights.transports.base import Sending
@@ -36,10 +37,15 @@ from rlinfra.services.weights.transports.shared import SharedReceiver
 DEFAULT_SERVE_TIMEOUT_S = 60.0
 
 
-class WeightReceiver(ObjectStoreReceiver, SharedReceiver, BroadcastReceiver, CudaIpcReceiver):
-    """Mixin for workers that serve generation from weights the trainer publishes."""
+class WeightReceiver(
+    AdmissionReceiver, ObjectStoreReceiver, SharedReceiver, BroadcastReceiver, CudaIpcReceiver
+):
+    """Mixin for workers that serve generation from weights the trainer publishes.
 
-    weights_as_torch = False  # unpack into torch tensors instead of numpy arrays
+    ``weights_as_torch = True`` (a class attribute) unpacks into torch tensors instead of numpy
+    arrays. Until it has weights (``set_initial_weights``, or ``WeightSync.admit`` for a replaced
+    or added worker) a receiver serves nothing: ``serving()`` raises ``WeightsNotAdmittedError``.
+    """
 
     # ------------------------------------------------------------------------ generation side
     @property
@@ -50,6 +56,11 @@ class WeightReceiver(ObjectStoreReceiver, SharedReceiver, BroadcastReceiver, Cud
     def serving(self, timeout_s: float = DEFAULT_SERVE_TIMEOUT_S) -> Iterator[WeightsView]:
         """Use the current weights for one piece of generation. Waits (at most ``timeout_s``)
         while an update holds the gate; the version cannot change until the block exits."""
+        if getattr(self, "_rlinfra_weights", None) is None:
+            raise WeightsNotAdmittedError(
+                f"{getattr(self, '_worker_name', type(self).__name__)} has no weights yet: a replaced or "
+                "added worker serves nothing until WeightSync.admit gives it the serving version"
+            )
         with self._weights() as state:
             state.gate.enter(timeout_s)
             view = WeightsView(state.current.version, state.current.tensors)

@@ -153,6 +153,8 @@ class SenderSide:
 class ReceiverSide:
     """What every transport's receiver side builds on: this worker's gate and buffers."""
 
+    weights_as_torch = False  # unpack into torch tensors instead of numpy arrays
+
     def set_initial_weights(self, tensors: Mapping[str, Any], version: int = 0) -> None:
         """Weights to serve before the first update (e.g. loaded from a checkpoint)."""
         self._rlinfra_weights = DoubleBuffers(Buffers(version, Manifest(version, ()), tensors=dict(tensors)))

@@ -1,0 +1,84 @@
+"""The Python stack of a worker process at this moment, for the report on a stuck rank.
+
+``py-spy dump`` (shipped with ``ray[default]``) reads a process's Python frames from outside, so
+it works even when the worker holds the GIL in a C call — where nothing inside the process can
+run. It must run on the worker's node: a task pinned there (no CPU reserved, so a full node still
+runs it) dumps the process by pid. Where py-spy is missing or may not attach (ptrace is not
+allowed), the caller falls back to the worker's own view of its threads
+(``rlinfra.runtime.progress.thread_stacks``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+PY_SPY_TIMEOUT_S = 10.0
+# Files whose frames are machinery, not the work: Ray's, and the stdlib's threads and loops.
+_SYSTEM_FILES = ("ray/", "threading.py", "queue.py", "selectors.py", "asyncio/", "concurrent/", "socket.py")
+
+
+def py_spy() -> str | None:
+    """The py-spy executable next to this interpreter (a virtualenv's), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def dump_on_node(pid: int) -> str:
+    """``py-spy dump`` of ``pid``, run where it lives; an error message (no exception) if not."""
+    program = py_spy()
+    if program is None:
+        return "py-spy is not installed on this node"
+    try:
+        done = subprocess.run(
+            [program, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"py-spy failed: {error}"
+    if done.returncode != 0:
+        return f"py-spy failed: {(done.stderr or done.stdout).strip()[-500:]}"
+    return done.stdout
+
+
+def python_stack(node_id: str, pid: int, timeout_s: float = PY_SPY_TIMEOUT_S + 5.0) -> str | None:
+    """The stack of process ``pid`` on Ray node ``node_id`` as py-spy sees it (idle Ray threads
+    left out), or None when py-spy could not give one."""
+    task = ray.remote(num_cpus=0, max_retries=0)(dump_on_node).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    )
+    ref = task.remote(pid)
+    ready, _ = ray.wait([ref], timeout=timeout_s)
+    if not ready:
+        ray.cancel(ref, force=True)
+        return None
+    try:
+        text = ray.get(ref)
+    except ray.exceptions.RayError:
+        return None
+    if text.startswith(("py-spy failed", "py-spy is not")):
+        return None
+    return user_threads(text)
+
+
+def user_threads(dump: str) -> str:
+    """The threads of a py-spy dump that run user code; Ray's own threads (its main loop, its GC
+    and event loops, idle executor threads) are dropped. The whole dump if that leaves nothing."""
+    header, *threads = dump.split("\nThread ")
+    kept = [
+        "Thread " + thread
+        for thread in threads
+        if any(_is_user_frame(line) for line in thread.splitlines()[1:])
+    ]
+    return "\n".join([header.strip(), *kept]) if kept else dump.strip()
+
+
+def _is_user_frame(line: str) -> bool:
+    """``    Blocker.wait (train.py:40)`` — a frame in a file that is neither Ray's nor the stdlib's
+    thread and event-loop machinery."""
+    location = line.rsplit("(", 1)[-1].rstrip(")").strip()
+    return bool(location) and not location.startswith(_SYSTEM_FILES)

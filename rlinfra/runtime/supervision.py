@@ -1,0 +1,98 @@
+"""Supervision: what a worker group records and refuses when its dead workers are replaced.
+
+``WorkerGroup.replace(rank)`` relaunches a dead rank into its own reserved bundle (same rank,
+node and devices). Each replacement is charged to the component's ``RestartBudget`` (its YAML
+``restart: {max, within_s}``, ``rlinfra.placement.restart``) and recorded as a ``Restart``, which
+is what a run's failure report lists under "what was tried". Two things end supervision with an
+error instead of a replacement: the budget is spent (``RestartBudgetExhausted``), or the rank's
+node is gone (``UnreplaceableError``: its bundle cannot come back anywhere else without changing
+the rank's devices).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rlinfra.placement.restart import DEFAULT_RESTART, RestartPolicy
+
+REPLACED = "replaced"
+REFUSED = "refused"
+FAILED = "failed"
+
+
+class SupervisionError(RuntimeError):
+    """A dead worker could not be replaced; ``component``, ``rank`` and ``node_rank`` say which."""
+
+    def __init__(self, component: str, rank: int, node_rank: int | None, message: str) -> None:
+        self.component, self.rank, self.node_rank = component, rank, node_rank
+        where = f"node {node_rank}" if node_rank is not None else "unknown node"
+        super().__init__(f"{component}:{rank} ({where}): {message}")
+
+
+class RestartBudgetExhausted(SupervisionError):
+    """The component's ``restart`` budget is spent: its workers keep dying."""
+
+
+class UnreplaceableError(SupervisionError):
+    """The rank's node is gone, so its bundle (and devices) cannot be had again."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One replacement attempt: which rank, why, when (Unix time), how long it took, how it ended."""
+
+    component: str
+    rank: int
+    node_rank: int | None
+    reason: str
+    at: float
+    took_s: float
+    outcome: str  # REPLACED, REFUSED (budget or node) or FAILED (the new worker did not come up)
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RestartBudget:
+    """``policy.max_restarts`` replacements within any ``policy.within_s`` seconds."""
+
+    def __init__(self, policy: RestartPolicy | None) -> None:
+        self.policy = policy or DEFAULT_RESTART
+        self._charged: collections.deque[float] = collections.deque()
+
+    def used(self, now: float | None = None) -> int:
+        """Replacements charged within the window ending ``now`` (monotonic seconds)."""
+        now = time.monotonic() if now is None else now
+        while self._charged and now - self._charged[0] > self.policy.within_s:
+            self._charged.popleft()
+        return len(self._charged)
+
+    def charge(self, component: str, rank: int, node_rank: int | None) -> None:
+        """Count one replacement, or raise ``RestartBudgetExhausted`` if that would exceed the budget."""
+        now = time.monotonic()
+        if self.used(now) >= self.policy.max_restarts:
+            policy = self.policy
+            raise RestartBudgetExhausted(
+                component,
+                rank,
+                node_rank,
+                f"restart budget spent: {policy.max_restarts} replacement(s) within {policy.within_s:g} s "
+                "(the component's restart setting in cluster.component_placement)",
+            )
+        self._charged.append(now)
+
+
+__all__ = [
+    "FAILED",
+    "REFUSED",
+    "REPLACED",
+    "Restart",
+    "RestartBudget",
+    "RestartBudgetExhausted",
+    "SupervisionError",
+    "UnreplaceableError",
+]

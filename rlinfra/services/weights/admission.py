@@ -1,0 +1,94 @@
+"""Admission: a replaced or added rollout worker gets the version everyone serves before it serves.
+
+A fresh receiver holds no weights, and ``serving()`` refuses it (``WeightsNotAdmittedError``):
+it can never serve a stale or empty version. ``WeightSync.admit(ranks)`` then copies the committed
+version from a live peer, worker to worker through the object store (the driver passes only a
+reference), and the newcomer checks what it copied against the trainer's checksums of that
+version before it takes it:
+
+    peer       ``weights_snapshot``   its serving version as packed buckets (read under the gate's lock)
+    newcomer   ``weights_admit``      copy each bucket, hashing as it lands; the version and every
+                                       checksum must be the committed ones; then serve it
+
+The trainer is not involved: by the time a rollout worker dies it may have trained further, and
+the version to serve is the committed one, which only the rollout workers still hold. Initial
+weights (set with ``set_initial_weights``, never sent by an update) have no trainer checksums;
+they are checked end to end, the newcomer's hashes against the peer's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import xxhash
+
+from rlinfra.services.weights import buckets
+from rlinfra.services.weights.buckets import Manifest
+from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsVerifyError
+from rlinfra.services.weights.transports.base import ReceiverSide
+
+SNAPSHOT_BUCKET_BYTES = buckets.DEFAULT_BUCKET_BYTES
+
+
+class WeightsNotAdmittedError(RuntimeError):
+    """A receiver was asked to serve before it was given weights (it was just replaced or added)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One receiver's serving version as host bytes: bucket layout, buckets and their checksums."""
+
+    version: int
+    manifest: Manifest
+    buckets: list[np.ndarray]
+    checksums: dict[int, int]
+
+
+class AdmissionReceiver(ReceiverSide):
+    """A rollout worker's side of admission: give a snapshot (as a peer), take one (as a newcomer)."""
+
+    def weights_snapshot(self) -> Snapshot:
+        """The version this worker serves, as packed buckets with their checksums (host memory:
+        a GPU engine's tensors are copied to the host by ``pack``)."""
+        with self._weights() as state:
+            current = state.current
+        # Packed from the tensors served, in the version's own bucket layout (so the checksums
+        # compare with the trainer's); initial weights, never laid out in buckets, get one now.
+        specs = current.manifest.buckets or buckets.plan_buckets(current.tensors, SNAPSHOT_BUCKET_BYTES)
+        packed = [buckets.pack(current.tensors, spec) for spec in specs]
+        arrays, checksums = (
+            [array for array, _ in packed],
+            {i: digest for i, (_, digest) in enumerate(packed)},
+        )
+        return Snapshot(current.version, Manifest(current.version, specs), arrays, checksums)
+
+    def weights_admit(self, source: list[Any], expected: Expected) -> dict[str, Any]:
+        """Take the snapshot ``source[0]`` refers to (a peer's), verified, as the serving version.
+
+        ``expected`` holds the committed version's checksums; without any (initial weights) the
+        peer's are used. Raises ``WeightsVerifyError`` if the version or any bucket differs."""
+        snapshot: Snapshot = ray.get(source[0])
+        checksums = expected.checksums or snapshot.checksums
+        taken = Buffers(snapshot.version, snapshot.manifest)
+        taken.allocate(None)
+        for index, (target, incoming) in enumerate(zip(taken.buckets, snapshot.buckets, strict=True)):
+            digest = xxhash.xxh3_64()
+            buckets.copy_and_hash(target, incoming, digest)
+            taken.checksums[index] = digest.intdigest()
+        problems = []
+        if snapshot.version != expected.version:
+            problems.append(f"the peer serves version {snapshot.version} (expected {expected.version})")
+        mismatched = sorted(i for i, sent in checksums.items() if taken.checksums.get(i) != sent)
+        if mismatched or len(checksums) != len(taken.buckets):
+            problems.append(f"checksum mismatch in bucket(s) {mismatched[:8] or 'count'}")
+        if problems:
+            raise WeightsVerifyError("admission failed: " + "; ".join(problems))
+        taken.build_views(self.weights_as_torch)
+        self._rlinfra_weights = DoubleBuffers(taken)
+        return {"version": taken.version, "buckets": len(taken.buckets)}
+
+
+__all__ = ["AdmissionReceiver", "Snapshot", "WeightsNotAdmittedError"]
