@@ -30,14 +30,19 @@ from examples.ppo_cartpole.launch import (
     relations,
     split_envs,
 )
-from examples.ppo_cartpole.loop import train
+from examples.ppo_cartpole.loop import RolloutScaling, train
 from examples.ppo_cartpole.signals import sigint_ignored
 from examples.ppo_cartpole.state import DriverState, JobResult
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
 from rlinfra.runtime.errors import ClusterError, WorkerGroupError
 from rlinfra.runtime.layout import Layout
-from rlinfra.services.weights import WeightSyncError
+from rlinfra.runtime.supervision import SupervisionError
+from rlinfra.services.batches import BatchLedgerError
+from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
+from rlinfra.services.failure_report import FailureReport
+from rlinfra.services.supervisor import UnsupervisedLoss
+from rlinfra.services.weights import WeightSync, WeightSyncError
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 
@@ -48,11 +53,14 @@ def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
     errors = Console(stderr=True)
     try:
         result = run(cfg, resume=resume, console=console)
-    except (JobConfigError, PlacementError, ClusterError, FileNotFoundError) as error:
+    except (JobConfigError, PlacementError, ClusterError, FileNotFoundError, CheckpointError) as error:
         errors.print(Text.assemble(("error: ", "bold red"), str(error)), highlight=False)
         return USAGE_ERROR
-    except (WorkerGroupError, WeightSyncError) as error:
+    except (WorkerGroupError, WeightSyncError, SupervisionError, UnsupervisedLoss, BatchLedgerError) as error:
+        notes = "\n".join(getattr(error, "__notes__", []))
         errors.print(Text.assemble(("the job failed: ", "bold red"), str(error)), highlight=False)
+        if notes:
+            errors.print(notes, highlight=False)
         return FAILED
     console.print(summary(result), highlight=False, soft_wrap=True)
     return INTERRUPTED if result.interrupted else 0
@@ -65,9 +73,11 @@ def run(
     cluster: Cluster | None = None,
     console: Console | None = None,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
+    between_rollouts: Callable[[RolloutScaling], None] | None = None,
 ) -> JobResult:
     """Place, launch and train; always release what was started. ``cluster``: an existing cluster
-    to use (and leave running); ``on_iteration`` sees each metrics record as it is written.
+    to use (and leave running); ``on_iteration`` sees each metrics record as it is written;
+    ``between_rollouts`` may remove or add rollout workers once per iteration (elastic rollout).
     Ctrl-C ends the run after cleanup with ``interrupted=True``; ``resume`` continues from the last
     checkpoint in ``run.output_dir``."""
     started = time.perf_counter()
@@ -79,7 +89,7 @@ def run(
     state = DriverState.restore(checkpoint["driver"] if checkpoint else None, job.algo.return_window)
     result = JobResult(job, state, output, resumed_from=state.iteration)
     log = reporting.MetricsLog(output, resume=resume)
-    own_cluster, live = cluster is None, None
+    own_cluster, live, sync = cluster is None, None, None
     try:
         cluster = cluster or Cluster(cfg["cluster"])
         placement = ComponentPlacement(cfg, cluster)
@@ -93,9 +103,15 @@ def run(
         placed = {"components": placements(placement), "relations": relations(live.layout)}
         reporting.write_placement(output, placed)
         result.placements, result.misplaced_bundles = placed["components"], misplaced_bundles(live.layout)
-        result.solved = train(live, sync, job, state, log, console, on_iteration)
+        result.solved = train(live, sync, job, state, log, console, on_iteration, between_rollouts)
     except KeyboardInterrupt:
         result.interrupted = True
+    except Exception as error:
+        if live is not None and live.supervisor is not None:  # launched: the run failed, report it
+            report = failure_report(error, live, sync, state, output)
+            report.write(output)
+            error.add_note(report.render())
+        raise
     finally:
         with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
             log.close()
@@ -106,6 +122,23 @@ def run(
             result.plot = _plot(job, output)
             result.wall_s = time.perf_counter() - started
     return result
+
+
+def failure_report(
+    error: BaseException, live: Components, sync: WeightSync | None, state: DriverState, output: Path
+) -> FailureReport:
+    """What failed, what was tried, what is safe and how to go on (printed, and ``failure.json``)."""
+    supervisor = live.supervisor
+    attempts = [*(supervisor.restarts if supervisor is not None else []), *state.trainer_restarts]
+    saved = CheckpointStore(output).load_latest()
+    checkpoint = {"iteration": saved.step, "path": str(saved.path)} if saved is not None else None
+    resume = (
+        f"the same command with --resume (continues from {saved.path})"
+        if saved is not None
+        else "the same command, without --resume (no checkpoint was written)"
+    )
+    version = sync.version if sync is not None else None
+    return FailureReport.of(error, attempts, version, checkpoint, resume, {"batches": state.ledger.summary()})
 
 
 def _plot(job: JobConfig, output: Path) -> Path | None:

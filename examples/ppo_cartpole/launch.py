@@ -8,6 +8,7 @@ the ``WeightSync`` that moves every later version (and counts it: the job's one 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.rendezvous import bring_up
+from rlinfra.runtime.supervision import RestartBudget
+from rlinfra.services.supervisor import Supervisor
 from rlinfra.services.weights import WeightSync
 
 COMPONENTS = ("actor", "rollout", "env")
@@ -31,6 +34,9 @@ class Components:
     actor: Any = None
     rollout: Any = None
     env: Any = None
+    supervisor: Supervisor | None = None  # replaces dead rollout and env workers (launch sets it)
+    start_trainer: Callable[..., int] | None = None  # (re)starts the trainer group (launch sets it)
+    trainer_budget: RestartBudget | None = None  # the actor's restart budget: restarts from checkpoint
 
     def shutdown(self) -> None:
         for group in (self.env, self.rollout, self.actor):
@@ -80,19 +86,28 @@ def launch(
     live.env = EnvWorker.create_group(algo_dict, envs_per_worker, settings.request_timeout_s).launch(
         cluster, placement.get_strategy("env"), name="env", **options
     )
-    live.actor = ActorWorker.create_group(algo_dict, obs_dim, num_actions).launch(
-        cluster, placement.get_strategy("actor"), name="actor", **options
-    )
+
+    def start_trainer(checkpoint: bytes | None, publish_above: int | None = None) -> int:
+        """The trainer group, its process group and its model (restored from ``checkpoint``);
+        again, into the same bundles, when the trainer is restarted. Returns its weight version."""
+        live.actor = ActorWorker.create_group(algo_dict, obs_dim, num_actions).launch(
+            cluster, placement.get_strategy("actor"), name="actor", **options
+        )
+        bring_up(live.actor, backend="gloo")
+        return live.actor.setup(checkpoint, publish_above).wait()[0]  # non-zero after a resume
+
+    live.start_trainer = start_trainer
+    live.trainer_budget = RestartBudget(placement.get_strategy("actor").restart)
+    version = start_trainer(actor_checkpoint)
     # Two threads: one serves the env workers, the other stages the next weights.
     live.rollout = RolloutWorker.create_group(algo_dict, obs_dim, num_actions).launch(
         cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2, **options
     )
-    bring_up(live.actor, backend="gloo")
-    version = live.actor.setup(actor_checkpoint).wait()[0]  # non-zero after a resume
     first = live.actor.execute_on(0).export_weights().wait()[0]
     live.rollout.set_initial_weights(first, version).wait()
-    _connect(live.env, live.rollout)
-    return WeightSync(
+    connected: dict[int, list[int]] = {}  # env rank -> the rollout ranks it talks to
+    _connect(live.env, live.rollout, live.env.ranks, connected)
+    sync = WeightSync(
         live.actor,
         live.rollout,
         transport=settings.transport,
@@ -100,15 +115,46 @@ def launch(
         step_timeout_s=settings.call_timeout_s,
     )
 
+    def rewire(replaced: dict[str, list[int]]) -> None:
+        affected = _affected_env_ranks(live.env, live.rollout, replaced, connected)
+        _connect(live.env, live.rollout, affected, connected)
 
-def _connect(env: Any, rollout: Any) -> None:
-    """Each env worker talks to its own share of the rollout workers: with more rollout workers
-    than env workers its envs are split among several, otherwise rollout workers are shared."""
-    count_env, count_rollout = env.world_size, rollout.world_size
-    for rank in env.ranks:
-        mine = [r for r in rollout.ranks if r % count_env == rank] if count_rollout >= count_env else []
-        mine = mine or [rank % count_rollout]
+    live.supervisor = Supervisor([live.rollout, live.env], sync, rewire, watched=[live.actor])
+    return sync
+
+
+def _rollouts_of(env_rank: int, env: Any, rollout: Any) -> list[int]:
+    """Each env worker talks to its own share of the running rollout workers: with more rollout
+    workers than env workers its envs are split among several, otherwise they are shared."""
+    running = rollout.ranks
+    count_env, count_rollout = env.world_size, len(running)
+    if count_rollout >= count_env:
+        return [r for i, r in enumerate(running) if i % count_env == env_rank]
+    return [running[env_rank % count_rollout]]
+
+
+def _connect(env: Any, rollout: Any, env_ranks: list[int], connected: dict[int, list[int]]) -> None:
+    """Give ``env_ranks`` the handles of their rollout workers (again, after replacements);
+    ``connected`` records who talks to whom."""
+    for rank in env_ranks:
+        mine = _rollouts_of(rank, env, rollout)
         env.execute_on(rank).connect([(f"rollout:{r}", rollout.actors[r]) for r in mine]).wait()
+        connected[rank] = mine
+
+
+def _affected_env_ranks(
+    env: Any, rollout: Any, changed: dict[str, list[int]], connected: dict[int, list[int]]
+) -> list[int]:
+    """Env workers that were replaced, talk to a rollout worker that was, or whose share of the
+    rollout workers changed (some were removed or added)."""
+    new_rollouts = set(changed.get(rollout.name, []))
+    return [
+        rank
+        for rank in env.ranks
+        if rank in changed.get(env.name, [])
+        or connected.get(rank) != _rollouts_of(rank, env, rollout)
+        or new_rollouts & set(connected.get(rank, []))
+    ]
 
 
 def placements(placement: ComponentPlacement) -> dict[str, list[dict[str, Any]]]:

@@ -14,9 +14,11 @@ With ``max_staleness: 0`` the loop is strictly on-policy: collect, train, update
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,14 @@ from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.config import JobConfig
 from examples.ppo_cartpole.console import iteration_display
 from examples.ppo_cartpole.launch import Components
-from examples.ppo_cartpole.ppo.config import PPOConfig
+from examples.ppo_cartpole.recovery import restart_trainer
 from examples.ppo_cartpole.signals import CtrlC
 from examples.ppo_cartpole.state import DriverState
-from rlinfra.services.weights import Stamped, WeightSync, filter_stale
+from examples.ppo_cartpole.workers import EnvWorker
+from rlinfra.runtime.calls import GroupCall
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.services.supervisor import Supervisor, UnsupervisedLoss
+from rlinfra.services.weights import Stamped, UpdateReport, WeightSync, WeightSyncError, filter_stale
 from rlinfra.services.weights.barrier import Prepared
 
 
@@ -41,19 +47,14 @@ def train(
     log: reporting.MetricsLog,
     console: Console,
     on_iteration: Callable[[dict[str, Any]], None] | None,
+    between_rollouts: Callable[[RolloutScaling], None] | None = None,
 ) -> bool:
-    """Iterate, and after each iteration: log, checkpoint, show progress. True once the target
-    return is reached; False when the iteration budget ran out first."""
+    """Iterate (the loop logs and checkpoints each iteration) and show progress. True once the
+    target return is reached; False when the iteration budget ran out first."""
     ctrl_c = CtrlC()
+    loop = TrainingLoop(live, sync, job, state, log, between_rollouts)
     with ctrl_c.watching(), iteration_display(console, job.algo.iterations, state.iteration) as show:
-        for record in TrainingLoop(live, sync, job.algo, state).iterations():
-            checkpointing = state.iteration % job.run.checkpoint_every == 0
-            if checkpointing:
-                record["replicas_in_sync"] = replicas_in_sync(live, state.iteration)
-            log.write(record)
-            if checkpointing:
-                actor_state = live.actor.execute_on(0).checkpoint().wait()[0]
-                reporting.save_checkpoint(Path(job.run.output_dir), actor_state, state.checkpointed())
+        for record in loop.iterations():
             show(record)
             if on_iteration is not None:
                 on_iteration(record)
@@ -76,58 +77,221 @@ def replicas_in_sync(live: Components, iteration: int) -> bool:
     return True
 
 
-class TrainingLoop:
-    """Rollouts in, one update per iteration, new weights out; each iteration yields its record."""
+@dataclass
+class RolloutScaling:
+    """Handed to ``run(between_rollouts=...)`` once per iteration, when no rollout is in flight:
+    remove rollout workers or add removed ones back (elastic rollout; added ones are admitted at
+    the committed weight version before they serve)."""
 
-    def __init__(self, live: Components, sync: WeightSync, algo: PPOConfig, state: DriverState) -> None:
-        self.live, self.sync, self.algo, self.state = live, sync, algo, state
-        self.overlap = algo.max_staleness >= 1
-        self.staged: Prepared | None = None  # trained and staged on the rollout workers, not yet served
+    iteration: int
+    live: Components
+
+    @property
+    def ranks(self) -> list[int]:
+        return self.live.rollout.ranks
+
+    @property
+    def removed(self) -> list[int]:
+        return self.live.rollout.removed_ranks
+
+    def remove(self, ranks: list[int]) -> None:
+        self._supervisor().resize(self.live.rollout, remove=ranks)
+
+    def add(self, ranks: list[int]) -> None:
+        self._supervisor().resize(self.live.rollout, add=ranks)
+
+    def _supervisor(self) -> Supervisor:
+        if self.live.supervisor is None:
+            raise RuntimeError("the job is not launched")
+        return self.live.supervisor
+
+
+class TrainingLoop:
+    """Rollouts in, one update per iteration, new weights out; each iteration is logged,
+    checkpointed and yielded as its record.
+
+    Dead rollout and env workers are replaced on the way (``live.supervisor``): a rollout cut
+    short is recollected under a new batch id, a weight update that lost a worker is redone.
+    A lost trainer rank is restarted with its whole group from the last checkpoint
+    (``recovery.restart_trainer``), and the iterations since are redone. The batch ledger in
+    ``state`` proves that every batch was trained on once, dropped, lost or rolled back."""
+
+    def __init__(
+        self,
+        live: Components,
+        sync: WeightSync,
+        job: JobConfig,
+        state: DriverState,
+        log: reporting.MetricsLog,
+        between_rollouts: Callable[[RolloutScaling], None] | None = None,
+    ) -> None:
+        self.live, self.sync, self.algo, self.state, self.log = live, sync, job.algo, state, log
+        self.between_rollouts = between_rollouts
+        self.run = job.run
+        self.overlap = self.algo.max_staleness >= 1
+        self.staged_version: int | None = None  # trained and staged on the rollout workers, not yet served
+        self.collecting: dict[int, str] = {}  # env rank -> id of the batch it is making
+        self.pending: GroupCall | None = None  # the rollouts being made
+        self.checkpoint: tuple[bytes, dict[str, Any]] | None = None  # the last one saved
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}
         state.served_versions.append(sync.version)
 
     def iterations(self) -> Iterator[dict[str, Any]]:
         """Run until the iteration budget (the caller stops at the target return)."""
-        state, algo, env = self.state, self.algo, self.live.env
-        clock = time.perf_counter()
-        pending = env.collect()
-        while state.iteration < algo.iterations:
-            rollouts, collect_s = _timed(pending.wait)
-            self._commit_staged()  # between rollouts: nothing in flight, no batch can mix versions
-            more = state.iteration + 1 < algo.iterations
-            if self.overlap and more:
-                pending = env.collect()  # on the newest weights, while the actor trains
-            learned, train_s = _timed(self._learn, rollouts)
-            if not self.overlap:
-                self._commit_staged()
-                if more:
-                    pending = env.collect()
-            now = time.perf_counter()
-            state.training_s += now - clock
-            clock = now
-            state.iteration += 1
-            yield self._record(learned, collect_s, train_s)
+        self.clock = time.perf_counter()
+        self.pending = self._start_collect()
+        while self.state.iteration < self.algo.iterations:
+            try:
+                record = self._iteration()
+            except UnsupervisedLoss as loss:  # a trainer rank: the whole group, from the checkpoint
+                self._restart_trainer(loss)
+                continue
+            yield record
+
+    def _iteration(self) -> dict[str, Any]:
+        state, algo = self.state, self.algo
+        rollouts, collect_s = _timed(self._finish_collect, self.pending)
+        self.pending = None
+        if self.between_rollouts is not None:  # nothing in flight: rollout workers may come and go
+            self.between_rollouts(RolloutScaling(state.iteration, self.live))
+        self._commit_staged()  # between rollouts: nothing in flight, no batch can mix versions
+        more = state.iteration + 1 < algo.iterations
+        if self.overlap and more:
+            self.pending = self._start_collect()  # on the newest weights, while the actor trains
+        learned, train_s = _timed(self._learn, rollouts)
+        if not self.overlap:
+            self._commit_staged()
+            if more:
+                self.pending = self._start_collect()
+        now = time.perf_counter()
+        state.training_s += now - self.clock
+        self.clock = now
+        state.iteration += 1
+        record = self._record(learned, collect_s, train_s)
+        self._log_and_checkpoint(record)
+        return record
+
+    def _log_and_checkpoint(self, record: dict[str, Any]) -> None:
+        """Every ``checkpoint_every`` iterations: the replicas checked, the trainer saved."""
+        state = self.state
+        checkpointing = state.iteration % self.run.checkpoint_every == 0
+        if checkpointing:
+            record["replicas_in_sync"] = self._on_trainer(
+                lambda: replicas_in_sync(self.live, state.iteration)
+            )
+        self.log.write(record)
+        if checkpointing:
+            actor_state = self._on_trainer(lambda: self.live.actor.execute_on(0).checkpoint().wait()[0])
+            self.checkpoint = (actor_state, state.checkpointed())
+            reporting.save_checkpoint(Path(self.run.output_dir), *self.checkpoint)
+
+    def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
+        """Bring the trainer back from the last checkpoint (or from scratch before the first),
+        rewind the driver to it, and start collecting again on the re-published weights."""
+        if self.pending is not None:  # made with the lost trainer's weights: not trained on
+            with contextlib.suppress(WorkerGroupError):
+                self.pending.wait()
+            self.pending = None
+        restart_trainer(self.live, self.sync, self.state, self.log, self.checkpoint, loss)
+        self.staged_version = None
+        self.pending = self._start_collect()
 
     @property
     def learner_version(self) -> int:
         """The trainer's weight version: the one staged, if any, else the one served."""
-        return self.staged.version if self.staged is not None else self.sync.version
+        return self.staged_version if self.staged_version is not None else self.sync.version
 
+    # ------------------------------------------------------------------------------ rollouts
+    def _start_collect(self, ranks: list[int] | None = None) -> GroupCall:
+        """Every env worker (or ``ranks``) makes one rollout, under a batch id issued now."""
+        env = self.live.env
+        chosen = env.ranks if ranks is None else ranks
+        for rank in chosen:
+            self.collecting[rank] = self.state.ledger.issue(f"env:{rank}")
+        return env.call(EnvWorker.collect, chosen, per_rank=[(self.collecting[rank],) for rank in chosen])
+
+    def _finish_collect(self, pending: GroupCall) -> list[dict[str, Any]]:
+        """Every env worker's rollout, in rank order. A rollout cut short by a dead worker is
+        never used: its id is lost, the dead are replaced, and it is made again under a new id;
+        the rollouts that finished are kept, and the ones still running are waited for."""
+        done: dict[int, dict[str, Any]] = {}
+        calls = [pending]
+        while calls:
+            call = calls.pop()
+            try:
+                done.update(zip(call.ranks, call.wait(), strict=True))
+            except WorkerGroupError as error:
+                done.update(error.results)
+                self.state.ledger.lost(self.collecting[rank] for rank in error.failed_ranks)
+                self._heal(error)
+                if error.pending:
+                    calls.append(call.subset(error.pending))
+                calls.append(self._start_collect(error.failed_ranks))
+        return [done[rank] for rank in sorted(done)]
+
+    # ------------------------------------------------------------------------------- weights
     def _commit_staged(self) -> None:
-        """Pause → swap → verify → resume for the version staged last iteration, if any."""
-        if self.staged is not None:
-            report = self.sync.commit(self.staged)
-            self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
-            self.state.served_versions.append(self.sync.version)
-            self.staged = None
+        """Pause → swap → verify → resume for the version staged last iteration, if any (staged
+        again first if a replacement dropped it)."""
+        version = self.staged_version
+        if version is None:
+            return
+        sync = self.sync
 
+        def commit() -> UpdateReport:
+            staged = sync.staged if sync.staged is not None and sync.staged.version == version else None
+            return sync.commit(staged or sync.prepare(version))
+
+        report = self._supervised(commit)
+        self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
+        self.state.served_versions.append(sync.version)
+        self.staged_version = None
+
+    def _stage(self, version: int) -> None:
+        """Stage ``version`` on every rollout worker while the env workers keep generating."""
+        sync = self.sync
+
+        def prepare() -> Prepared:
+            staged = sync.staged
+            return staged if staged is not None and staged.version == version else sync.prepare(version)
+
+        self.sync_s["prepare_s"] = self._supervised(prepare).prepare_s
+        self.staged_version = version
+
+    def _supervised(self, step: Callable[[], Any]) -> Any:
+        """``step()``, again after replacing whoever died during it (bounded by restart budgets)."""
+        while True:
+            try:
+                return step()
+            except (WorkerGroupError, WeightSyncError) as error:
+                self._heal(error)
+
+    def _on_trainer(self, call: Callable[[], Any]) -> Any:
+        """A call on the trainer, never retried (an update may have half-happened): a lost rank
+        becomes ``UnsupervisedLoss`` (the trainer is restarted), any other failure stops the run."""
+        try:
+            return call()
+        except WorkerGroupError as error:
+            self._heal(error)  # raises UnsupervisedLoss for the trainer, or the error itself
+            raise
+
+    def _heal(self, error: BaseException) -> None:
+        """Replace the dead rollout and env workers; re-raise when nobody died or nobody can be."""
+        supervisor = self.live.supervisor
+        if supervisor is None:
+            raise error
+        self.state.recoveries.append(supervisor.heal(error))
+
+    # ------------------------------------------------------------------------------ training
     def _learn(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         """Drop rollouts older than ``max_staleness``, train on the rest, stage the new version
         (``prepare`` runs while the env and rollout workers keep generating)."""
         state = self.state
-        stamped = [Stamped(r["versions"][0], r["batch"]) for r in rollouts]
+        stamped = [Stamped(r["versions"][0], r) for r in rollouts]
         oldest = min(s.version for s in stamped)
         fresh, dropped = filter_stale(stamped, self.learner_version, self.algo.max_staleness)
+        kept = {id(s.value) for s in fresh}
+        state.ledger.dropped(r["batch_id"] for r in rollouts if id(r) not in kept)
         state.dropped_batches += dropped
         state.batch_versions.append([s.version for s in stamped])
         state.returns.extend(episode for r in rollouts for episode in r["episode_returns"])
@@ -138,9 +302,10 @@ class TrainingLoop:
             "dropped": dropped,
         }
         if fresh:
-            metrics = self.live.actor.train([s.value for s in fresh]).wait()[0]
-            self.staged = self.sync.prepare(int(metrics.pop("weight_version")))
-            self.sync_s["prepare_s"] = self.staged.prepare_s
+            batches = [s.value["batch"] for s in fresh]
+            metrics = self._on_trainer(lambda: self.live.actor.train(batches).wait()[0])
+            state.ledger.trained(metrics.pop("batch_ids"), iteration=state.iteration + 1)
+            self._stage(int(metrics.pop("weight_version")))
             learned |= {key: round(value, 5) for key, value in metrics.items()}
         return learned
 
@@ -160,6 +325,7 @@ class TrainingLoop:
             "batch_version": learned.pop("batch_version"),
             "learner_version": self.learner_version,
             "served_version": self.sync.version,
+            "rollout_workers": len(self.live.rollout.ranks),
             "collect_s": round(collect_s, 4),
             "train_s": round(train_s, 4),
             "sync_s": round(self.sync_s["prepare_s"] + self.sync_s["pause_s"], 4),

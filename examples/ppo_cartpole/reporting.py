@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import pickle
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "learning_curve.png"
-CHECKPOINT_FILE = "checkpoint.pkl"
+CHECKPOINT_FILE = "checkpoints/latest.json"  # the commit point; tensors beside it
+LEGACY_PICKLE = "checkpoint.pkl"  # what older versions wrote: refused, never unpickled
 PLACEMENT_FILE = "placement.json"
 
 
@@ -35,6 +36,14 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+    def rewind(self, iteration: int) -> None:
+        """Forget every line after ``iteration`` (the trainer was restarted from that checkpoint
+        and redoes them): the file keeps each iteration once."""
+        self._file.close()
+        kept = [r for r in read_metrics(self.path.parent) if r["iteration"] <= iteration]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        self._file = self.path.open("a", encoding="utf-8")
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
@@ -73,25 +82,25 @@ def plot_learning_curve(records: Sequence[dict[str, Any]], path: Path, target: f
 
 
 def save_checkpoint(folder: Path, actor_state: bytes, driver_state: dict[str, Any]) -> Path:
-    """Write atomically (temporary file, then rename): a crash mid-write leaves the old one intact."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / CHECKPOINT_FILE
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as file:
-        pickle.dump({"actor": actor_state, "driver": driver_state}, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    return path
+    """The trainer's ``torch.save`` bytes and the driver's state (JSON), committed atomically
+    (``rlinfra.services.checkpoints``): a crash mid-write leaves the previous checkpoint whole."""
+    return CheckpointStore(folder).save(int(driver_state["iteration"]), {"actor": actor_state}, driver_state)
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any]:
-    """The checkpoint this job wrote (it is a pickle: only load folders you wrote yourself)."""
-    path = folder / CHECKPOINT_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint at {path}; run once without --resume first")
-    with path.open("rb") as file:
-        return pickle.load(file)
+    """``{"actor": bytes, "driver": state}`` from the last checkpoint in ``folder``, checked against
+    its checksums. Nothing is unpickled: the trainer loads its bytes with ``weights_only``."""
+    checkpoint = CheckpointStore(folder).load_latest()
+    if checkpoint is None:
+        if (folder / LEGACY_PICKLE).exists():
+            raise CheckpointError(
+                f"--resume: {folder / LEGACY_PICKLE} is a pickle from an older version, which is never "
+                "loaded (unpickling runs code); run again without --resume"
+            )
+        raise FileNotFoundError(
+            f"--resume: no checkpoint at {folder / CHECKPOINT_FILE}; run once without --resume first"
+        )
+    return {"actor": checkpoint.payloads["actor"], "driver": checkpoint.state}
 
 
 def write_placement(folder: Path, placement: dict[str, Any]) -> Path:

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from examples.ppo_cartpole.config import JobConfig
+from rlinfra.runtime.supervision import Restart
+from rlinfra.services.batches import BatchLedger
+from rlinfra.services.supervisor import Recovery
 
 CHECKPOINTED = ("iteration", "env_steps", "training_s", "time_to_target_s", "returns")
 
@@ -33,6 +36,9 @@ class DriverState:
     batch_versions: list[list[int]] = field(default_factory=list)  # per iteration, per env worker
     served_versions: list[int] = field(default_factory=list)  # the rollout workers', after each sync
     dropped_batches: int = 0
+    ledger: BatchLedger = field(default_factory=BatchLedger)  # every batch id and how it ended
+    recoveries: list[Recovery] = field(default_factory=list)  # dead workers replaced mid-run
+    trainer_restarts: list[Restart] = field(default_factory=list)  # the trainer, from its checkpoint
 
     @classmethod
     def restore(cls, saved: Mapping[str, Any] | None, window: int) -> DriverState:
@@ -40,6 +46,17 @@ class DriverState:
         saved = dict(saved or {})
         returns = collections.deque(saved.pop("returns", []), maxlen=window)
         return cls(returns=returns, **saved)
+
+    def rewind(self, saved: Mapping[str, Any] | None) -> None:
+        """Back to the checkpoint ``checkpointed()`` saved (or to the start), after a trainer
+        restart; ``training_s`` keeps counting the time actually spent."""
+        saved = dict(saved or {})
+        self.iteration = int(saved.get("iteration", 0))
+        self.env_steps = int(saved.get("env_steps", 0))
+        self.time_to_target_s = saved.get("time_to_target_s")
+        self.returns.clear()
+        self.returns.extend(saved.get("returns", []))
+        del self.batch_versions[self.iteration :]
 
     @property
     def mean_return(self) -> float:
@@ -75,6 +92,17 @@ class JobResult:
     def env_steps(self) -> int:
         return self.state.env_steps
 
+    def rewind(self, saved: Mapping[str, Any] | None) -> None:
+        """Back to the checkpoint ``checkpointed()`` saved (or to the start), after a trainer
+        restart; ``training_s`` keeps counting the time actually spent."""
+        saved = dict(saved or {})
+        self.iteration = int(saved.get("iteration", 0))
+        self.env_steps = int(saved.get("env_steps", 0))
+        self.time_to_target_s = saved.get("time_to_target_s")
+        self.returns.clear()
+        self.returns.extend(saved.get("returns", []))
+        del self.batch_versions[self.iteration :]
+
     @property
     def mean_return(self) -> float:
         return self.state.mean_return
@@ -94,6 +122,11 @@ class JobResult:
     @property
     def dropped_batches(self) -> int:
         return self.state.dropped_batches
+
+    @property
+    def batches(self) -> dict[str, Any]:
+        """How every batch id of this run ended (trained, dropped, lost) and none duplicated."""
+        return self.state.ledger.summary()
 
     @property
     def steps_per_s(self) -> float:

@@ -12,6 +12,7 @@ Everything that is not placement, launch or weight movement is the Ray-free PPO 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 from typing import Any
@@ -85,8 +86,9 @@ class EnvWorker(Worker):
         torch.set_num_threads(1)
         self.config = PPOConfig(**algo)
         self.request_timeout_s = request_timeout_s
-        # Different seeds per env worker, so their episodes differ; the same on every run.
-        seed = self.config.seed + 1000 * (self._rank + 1)
+        # Different seeds per env worker, so their episodes differ; the same on every run. A
+        # replaced worker (incarnation 1, 2 …) starts new episodes rather than replaying the old.
+        seed = self.config.seed + 1000 * (self._rank + 1) + 7919 * self.incarnation
         # History long enough to hold every episode of one rollout (short early episodes included).
         self.envs = VectorEnv(self.config.env_id, num_envs, seed, history=self.config.num_steps * num_envs)
         self.buffer = RolloutBuffer(self.config.num_steps, num_envs, self.envs.obs_dim)
@@ -103,12 +105,14 @@ class EnvWorker(Worker):
         self.splits = np.array_split(np.arange(self.envs.num_envs), len(policies))
         return [name for name, _ in policies]
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self, batch_id: str = "") -> dict[str, Any]:
         """One rollout of ``num_steps`` vector steps. Returns a reference to the GAE-ready batch,
-        stamped with the one weight version every action and value of it came from, and the
-        episodes that ended."""
+        stamped with the driver's ``batch_id`` and the one weight version every action and value
+        of it came from, and the episodes that ended. A rollout cut short (a rollout worker died
+        mid-way) is never used: the next call starts an empty buffer."""
         versions: set[int] = set()
         cfg = self.config
+        self.buffer.step = 0
         for _ in range(cfg.num_steps):
             out, version = self._request("act", self.obs)
             versions.add(version)
@@ -130,6 +134,7 @@ class EnvWorker(Worker):
                 "weights must only change between rollouts"
             )
         batch = self.buffer.finish(last_value, cfg.gamma, cfg.gae_lambda, weight_version=versions.pop())
+        batch = dataclasses.replace(batch, batch_ids=(batch_id,))
         finished = self.envs.episodes_finished - self.episodes_reported
         self.episodes_reported = self.envs.episodes_finished
         returns = list(self.envs.episode_returns)[-finished:] if finished else []
@@ -140,6 +145,7 @@ class EnvWorker(Worker):
             "transitions": batch.num_transitions,
             "episode_returns": returns,
             "versions": [batch.weight_version],
+            "batch_id": batch_id,
         }
 
     def _request(self, method: str, obs: np.ndarray) -> tuple[Any, int]:
@@ -187,10 +193,12 @@ class ActorWorker(WeightSender, Worker):
         self.obs_dim, self.num_actions = obs_dim, num_actions
         self.learner: Learner | None = None
 
-    def setup(self, checkpoint_bytes: bytes | None = None) -> int:
+    def setup(self, checkpoint_bytes: bytes | None = None, publish_above: int | None = None) -> int:
         """Build the model and optimiser once the process group is up (the learner broadcasts rank
-        0's parameters); restore a checkpoint (``checkpoint()``'s bytes) when given. Returns the
-        weight version."""
+        0's parameters); restore a checkpoint (``checkpoint()``'s bytes, loaded ``weights_only``)
+        when given. Returns the weight version. ``publish_above``: after a trainer restart the
+        rollout workers serve a later version than the checkpoint's, so the restored weights are
+        published as the next version above it (versions only ever increase)."""
         torch.manual_seed(self.config.seed)
         checkpoint = None
         if checkpoint_bytes is not None:
@@ -202,13 +210,16 @@ class ActorWorker(WeightSender, Worker):
         if checkpoint is not None:
             self.learner.optimizer.load_state_dict(checkpoint["optimizer"])
             self.learner.weight_version = int(checkpoint["weight_version"])
+            self.learner.updates = int(checkpoint["updates"])
+        if publish_above is not None:
+            self.learner.weight_version = max(self.learner.weight_version, publish_above + 1)
         return self.learner.weight_version
 
-    def train(self, batch_refs: list[Any], fetch_timeout_s: float = 60.0) -> dict[str, float]:
+    def train(self, batch_refs: list[Any], fetch_timeout_s: float = 60.0) -> dict[str, Any]:
         """One PPO update on the rollouts of every env worker (one version), fetched straight from
-        the env workers' object stores; bumps the version."""
-        batches = ray.get(batch_refs, timeout=fetch_timeout_s)
-        return self._learner().update(RolloutBatch.concat(batches))
+        the env workers' object stores; bumps the version. Says which batch ids it trained on."""
+        batch = RolloutBatch.concat(ray.get(batch_refs, timeout=fetch_timeout_s))
+        return self._learner().update(batch) | {"batch_ids": list(batch.batch_ids)}
 
     def weights_state(self) -> dict[str, torch.Tensor]:
         """What the weight sync publishes: a copy, so the next update cannot change it mid-send."""
@@ -227,10 +238,15 @@ class ActorWorker(WeightSender, Worker):
                 "policy": learner.policy.export_weights(),
                 "optimizer": learner.optimizer.state_dict(),
                 "weight_version": learner.weight_version,
+                "updates": learner.updates,
             },
             buffer,
         )
         return buffer.getvalue()
+
+    def updates(self) -> int:
+        """How many updates these weights have had (across restarts from checkpoints)."""
+        return self._learner().updates
 
     def parameters_digest(self) -> str:
         """A hash of this replica's parameters: equal on every rank while data parallelism works."""

@@ -81,6 +81,25 @@ class GroupCall:
         self.stuck_after = stuck_after
         self.issued = time.monotonic()
 
+    def subset(self, ranks: Sequence[int]) -> GroupCall:
+        """The same pending call, for ``ranks`` only (results in rank order, no gathering): e.g.
+        to keep waiting for the ranks a ``WorkerGroupError`` reported as still running."""
+        chosen = [(ref, rank) for ref, rank in zip(self.refs, self.ranks, strict=True) if rank in set(ranks)]
+        part = GroupCall(
+            self.group_name,
+            self.action,
+            [ref for ref, _ in chosen],
+            [rank for _, rank in chosen],
+            self._node_of_rank,
+            self._default_timeout,
+            None,
+            self._dead_nodes,
+            self._progress,
+            self.stuck_after,
+        )
+        part.issued = self.issued
+        return part
+
     def wait(self, timeout: float | None = None, stuck_after: float | Default | None = DEFAULT) -> Any:
         """Results in rank order (or gathered, for a split call). Raises ``WorkerGroupError`` at
         the first failed rank, or when ``timeout`` (default: the group's call timeout) passes.

@@ -91,6 +91,7 @@ class WorkerGroup:
         self.restart_budget = RestartBudget(None)
         self.restarts: list[Restart] = []  # every replacement attempt, in order
         self._incarnations: dict[int, int] = {}  # rank -> processes started after its first
+        self._removed: set[int] = set()  # ranks stopped by remove(), their bundles kept for add()
 
     # ----------------------------------------------------------------------------------- launch
     def launch(
@@ -305,7 +306,8 @@ class WorkerGroup:
 
     @property
     def ranks(self) -> list[int]:
-        return list(range(len(self.actors)))
+        """The ranks running now, in order: every launched rank but those ``remove``d."""
+        return [rank for rank in range(len(self.actors)) if rank not in self._removed]
 
     def role(self, name: str) -> WorkerGroupView:
         """All ranks, calling role ``name`` of a fused worker: ``group.role("ref").score(x)``."""
@@ -322,10 +324,11 @@ class WorkerGroup:
                 f"worker group {self.name!r}: execute_on takes ranks as separate ints, e.g. "
                 f"execute_on(0, 2); got {chosen!r}"
             )
-        bad = [rank for rank in chosen if not 0 <= rank < len(self.actors)]
+        bad = [rank for rank in chosen if not 0 <= rank < len(self.actors) or rank in self._removed]
         if bad or not chosen:
+            removed = f" (removed: {sorted(self._removed)})" if self._removed else ""
             raise ValueError(
-                f"worker group {self.name!r} has ranks 0-{len(self.actors) - 1}; "
+                f"worker group {self.name!r} has ranks 0-{len(self.actors) - 1}{removed}; "
                 f"cannot execute on {bad or chosen}"
             )
         return WorkerGroupView(self, chosen)
@@ -460,9 +463,9 @@ class WorkerGroup:
         (default: the launch timeout). Every attempt is recorded in ``restarts``.
         """
         self._launched_layout()
-        if not 0 <= rank < len(self.actors):
+        if not 0 <= rank < len(self.actors) or rank in self._removed:
             raise ValueError(
-                f"worker group {self.name!r} has ranks 0-{len(self.actors) - 1}; cannot replace {rank}"
+                f"worker group {self.name!r} has ranks {self.ranks} running; cannot replace {rank}"
             )
         node_rank, started, wall = self.node_rank_of(rank), time.monotonic(), time.time()
 
@@ -497,6 +500,53 @@ class WorkerGroup:
             record(FAILED, str(error).splitlines()[0] if str(error) else type(error).__name__)
             raise
         return record(REPLACED)
+
+    # ------------------------------------------------------------------------------- elastic
+    def remove(self, ranks: Sequence[int], *, timeout: float | None = None) -> None:
+        """Stop ``ranks`` for now (elastic scale-down): their processes are killed, their bundles
+        stay reserved, and calls no longer reach them (``ranks`` leaves them out) until ``add``
+        starts them again. At least one rank must keep running."""
+        chosen = sorted(set(ranks))
+        bad = [rank for rank in chosen if rank not in self.ranks]
+        if bad:
+            raise ValueError(f"worker group {self.name!r}: cannot remove ranks {bad} (running: {self.ranks})")
+        if len(chosen) == len(self.ranks):
+            raise ValueError(f"worker group {self.name!r}: cannot remove every rank; shut the group down")
+        deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
+        for rank in chosen:
+            self._retire(rank, deadline)
+            self._removed.add(rank)
+
+    def add(self, ranks: Sequence[int], *, timeout: float | None = None) -> None:
+        """Start removed ``ranks`` again in their own bundles (elastic scale-up within the reserved
+        layout): the same mechanism as ``replace``, not charged to the restart budget. Their state
+        is the constructor's (weights come from ``WeightSync.admit``)."""
+        chosen = sorted(set(ranks))
+        bad = [rank for rank in chosen if rank not in self._removed]
+        if bad:
+            raise ValueError(
+                f"worker group {self.name!r}: ranks {bad} are not removed (removed: {sorted(self._removed)})"
+            )
+        deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
+        for rank in chosen:
+            self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
+            self.actors[rank] = self._spawn(rank, self._incarnations[rank])
+        ready = self.call(HostMethods.rlinfra_ready, chosen, action="adding (constructor)")
+        try:
+            infos = ready.wait(timeout=remaining(deadline), stuck_after=None)
+        except BaseException:
+            for rank in chosen:  # not running: kill whatever started, keep them removed
+                with contextlib.suppress(Exception):
+                    ray.kill(self.actors[rank], no_restart=True)
+            raise
+        for rank, info in zip(chosen, infos, strict=True):
+            self.worker_info[rank] = info
+            self._removed.discard(rank)
+            self._publish_master(rank, remaining(deadline))
+
+    @property
+    def removed_ranks(self) -> list[int]:
+        return sorted(self._removed)
 
     def _retire(self, rank: int, deadline: float) -> None:
         """Kill the rank's actor and wait until Ray has let go of it (its name is free again)."""

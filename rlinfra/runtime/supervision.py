@@ -19,6 +19,7 @@ from typing import Any
 from rlinfra.placement.restart import DEFAULT_RESTART, RestartPolicy
 
 REPLACED = "replaced"
+RESTARTED = "restarted"  # a whole group brought back from a checkpoint (a data-parallel trainer)
 REFUSED = "refused"
 FAILED = "failed"
 
@@ -50,7 +51,7 @@ class Restart:
     reason: str
     at: float
     took_s: float
-    outcome: str  # REPLACED, REFUSED (budget or node) or FAILED (the new worker did not come up)
+    outcome: str  # REPLACED, RESTARTED, REFUSED (budget or node) or FAILED (the new one did not come up)
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +91,7 @@ __all__ = [
     "FAILED",
     "REFUSED",
     "REPLACED",
+    "RESTARTED",
     "Restart",
     "RestartBudget",
     "RestartBudgetExhausted",

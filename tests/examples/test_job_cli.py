@@ -99,7 +99,7 @@ def test_module_entry_composes_hydra_overrides() -> None:
     cfg = compose_config("disaggregated", ["algo.iterations=50", "run.output_dir=/tmp/x", "algo.seed=3"])
     algo, settings = algo_config(cfg), run_settings(cfg)
     assert (algo.iterations, algo.seed, settings.output_dir) == (50, 3, "/tmp/x")
-    assert cfg.cluster.component_placement.rollout == "4-5"  # the rest of the file is untouched
+    assert cfg.cluster.component_placement.rollout.placement == "4-5"  # the rest is untouched
 
 
 def test_module_entry_rejects_a_bad_override_before_starting_ray(capsys) -> None:

@@ -9,10 +9,7 @@ import threading
 
 import pytest
 
-from rlinfra import ComponentPlacement, Worker, WorkerGroupError
-from rlinfra.placement import PlacementError
-from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.restart import RestartPolicy
+from rlinfra import Worker, WorkerGroupError
 from rlinfra.runtime.supervision import REFUSED, REPLACED, RestartBudgetExhausted, UnreplaceableError
 
 pytestmark = pytest.mark.timeout(180)
@@ -148,25 +145,28 @@ def test_ranks_of_a_lost_node_are_unreplaceable(cluster, launched):
     assert group.restarts[-1].outcome == REFUSED
 
 
-@pytest.mark.parametrize(
-    ("restart", "message"),
-    [
-        ({"mx": 3}, "did you mean 'max'"),
-        ({"max": -1}, "expected an integer >= 0"),
-        ({"within_s": 0}, "seconds > 0"),
-        (3, "restart: {max: 3, within_s: 600}"),
-    ],
-)
-def test_restart_setting_is_checked_in_the_yaml(restart, message):
-    spec = ClusterSpec.from_config({"num_nodes": 1}, 2)
-    bad = {"cluster": {"num_nodes": 1, "component_placement": {"a": {"placement": "0", "restart": restart}}}}
-    with pytest.raises(PlacementError) as caught:
-        ComponentPlacement(bad, spec)
-    assert message in str(caught.value) and "component_placement.a.restart" in str(caught.value)
+def test_removed_ranks_stop_and_come_back_in_their_bundles(launched):
+    group = launched("rollout")
+    before = by_rank(group)
+    group.remove([3])
+    assert group.ranks == [0, 1, 2] and group.removed_ranks == [3]
+    assert len(group.identity().wait(timeout=30)) == 3  # broadcasts reach the running ranks only
+    with pytest.raises(ValueError, match="removed: \\[3\\]"):
+        group.execute_on(3)
+    group.add([3])
+    after = by_rank(group)
+    assert group.ranks == [0, 1, 2, 3] and after[3]["pid"] != before[3]["pid"]
+    assert (after[3]["devices"], after[3]["node"]) == (before[3]["devices"], before[3]["node"])
+    assert after[3]["incarnation"] == 1
+    assert group.restarts == []  # elastic changes are not replacements: no budget spent
 
 
-def test_restart_setting_travels_on_the_strategy():
-    spec = ClusterSpec.from_config({"num_nodes": 1}, 2)
-    entry = {"placement": "0", "restart": {"max": 5}}
-    cfg = {"cluster": {"num_nodes": 1, "component_placement": {"a": entry}}}
-    assert ComponentPlacement(cfg, spec).get_strategy("a").restart == RestartPolicy(5, 600.0)
+def test_elastic_changes_that_cannot_be_made_are_refused(launched):
+    group = launched("rollout")
+    with pytest.raises(ValueError, match="cannot remove every rank"):
+        group.remove([0, 1, 2, 3])
+    with pytest.raises(ValueError, match="are not removed"):
+        group.add([1])
+    group.remove([2])
+    with pytest.raises(ValueError, match="cannot replace 2"):
+        group.replace(2)

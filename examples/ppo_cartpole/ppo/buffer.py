@@ -51,6 +51,7 @@ class RolloutBatch:
     advantages: np.ndarray  # [T, N] float32
     returns: np.ndarray  # [T, N] float32
     weight_version: int
+    batch_ids: tuple[str, ...] = ()  # the driver's ids of the rollouts joined here (one each)
 
     @property
     def num_transitions(self) -> int:
@@ -79,9 +80,10 @@ class RolloutBatch:
         versions = sorted({batch.weight_version for batch in batches})
         if len(versions) != 1:
             raise ValueError(f"cannot join rollouts of different weight versions {versions}")
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "weight_version"]
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("weight_version", "batch_ids")]
         arrays = {name: np.concatenate([getattr(batch, name) for batch in batches], axis=1) for name in names}
-        return cls(**arrays, weight_version=versions[0])
+        ids = tuple(batch_id for batch in batches for batch_id in batch.batch_ids)
+        return cls(**arrays, weight_version=versions[0], batch_ids=ids)
 
 
 class RolloutBuffer:

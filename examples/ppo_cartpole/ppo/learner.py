@@ -49,7 +49,8 @@ class Learner:
             self._broadcast_from_rank0()
         # eps=1e-5 rather than 1e-8: Adam's default over-amplifies tiny early gradients in PPO.
         self.optimizer = torch.optim.Adam(self.params, lr=config.learning_rate, eps=1e-5)
-        self.weight_version = 0
+        self.weight_version = 0  # the version number the weights are published under
+        self.updates = 0  # updates applied to these weights (equal to the version unless re-published)
 
     def current_lr(self) -> float:
         """Linear decay to a floor: large early steps learn fast, small late steps stop the policy
@@ -57,7 +58,7 @@ class Learner:
         cfg = self.config
         if not cfg.anneal_lr:
             return cfg.learning_rate
-        frac = max(cfg.lr_floor, 1.0 - self.weight_version / cfg.anneal_iterations)
+        frac = max(cfg.lr_floor, 1.0 - self.updates / cfg.anneal_iterations)
         return cfg.learning_rate * frac
 
     def shard(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
@@ -78,6 +79,7 @@ class Learner:
                 sums += self._step({k: v[idx] for k, v in data.items()})
                 steps += 1
         self.weight_version += 1
+        self.updates += 1
         metrics = dict(zip(METRICS, self._average_over_ranks(sums / steps).tolist(), strict=True))
         return metrics | {"lr": lr, "weight_version": float(self.weight_version)}
 

@@ -232,6 +232,18 @@ class WeightSync:
         prepare_s, held_s = prepared.prepare_s, max((held for _, held in resumed), default=0.0)
         return UpdateReport(version, nbytes, count, prepare_s, pause_s, prepare_s + pause_s, drained, held_s)
 
+    def replace_sender(self, sender: WorkerGroup) -> None:
+        """Send later versions from ``sender`` (a trainer group brought back up after a restart);
+        the receivers, their version and the transport stay. Refused for ``broadcast``, whose
+        cross-component process group included the old trainer and must be brought up again."""
+        if self.cross_group is not None:
+            raise ValueError(
+                f"the broadcast transport's process group {self.cross_group!r} included the old sender; "
+                "bring a new cross group up and make a new WeightSync"
+            )
+        self.abandon()
+        self.sender = self._link.sender = sender
+
     def abandon(self) -> int | None:
         """Drop the staged version, if any, from every surviving receiver (they keep serving the
         committed one); returns its number. Supervision does this before admitting a worker, then
@@ -241,6 +253,10 @@ class WeightSync:
             return None
         self._on_survivors(WeightReceiver.weights_rollback, staged.version)
         return staged.version
+
+    def leave(self, ranks: Sequence[int]) -> None:
+        """Receiver ``ranks`` take no further part (removed from the group: elastic scale-down)."""
+        self.alive[:] = [rank for rank in self.alive if rank not in set(ranks)]
 
     def admit(self, ranks: Sequence[int]) -> int:
         """Give receiver ``ranks`` (replaced or added workers, serving nothing yet) the committed

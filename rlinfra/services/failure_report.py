@@ -1,0 +1,122 @@
+"""The report a run leaves when it cannot go on: what failed, where and when, what was tried, what
+is safe (the last committed weight version and checkpoint) and how to resume.
+
+``FailureReport.of(error, ...)`` reads the failed ranks out of any of rlinfra's errors (a group
+call's ``WorkerGroupError``, a ``WeightSyncError`` around one, a ``SupervisionError`` that refused
+a replacement, an ``UnsupervisedLoss``); ``render`` is what the CLI prints, ``write`` the JSON
+kept in the output folder beside the metrics and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.supervision import Restart, SupervisionError
+from rlinfra.services.supervisor import UnsupervisedLoss
+from rlinfra.services.weights import WeightSyncError
+
+REPORT_FILE = "failure.json"
+
+
+@dataclass(frozen=True)
+class FailedRank:
+    component: str
+    rank: int
+    node_rank: int | None
+    reason: str
+    kind: str = "failed"  # or "stuck", "lost", "unreplaceable"
+
+
+def failed_ranks(error: BaseException) -> list[FailedRank]:
+    """The ranks ``error`` (or the error it wraps) names, most specific first."""
+    if isinstance(error, SupervisionError):
+        return [FailedRank(error.component, error.rank, error.node_rank, str(error), "unreplaceable")]
+    if isinstance(error, UnsupervisedLoss):
+        return [FailedRank(g, r, None, "lost", "lost") for g, ranks in error.gone.items() for r in ranks]
+    if isinstance(error, WeightSyncError):
+        return failed_ranks(error.cause)
+    if isinstance(error, WorkerGroupError):
+        return [
+            FailedRank(error.group, f.rank, f.node_rank, f.reason, f.kind) for f in error.failures.values()
+        ]
+    cause = error.__cause__
+    return failed_ranks(cause) if cause is not None else []
+
+
+@dataclass
+class FailureReport:
+    """Everything needed to understand a stopped run and to continue it."""
+
+    error: str  # the error's type and first line
+    at: float  # Unix time the run gave up
+    failed: list[FailedRank] = field(default_factory=list)
+    attempts: list[Restart] = field(default_factory=list)  # replacements and restarts, in order
+    committed_version: int | None = None  # the weight version every rollout worker serves
+    checkpoint: dict[str, Any] | None = None  # {"iteration": …, "path": …} of the last one saved
+    resume: str = ""  # the command that continues the run
+    details: dict[str, Any] = field(default_factory=dict)  # e.g. the batch ledger's counts
+
+    @classmethod
+    def of(
+        cls,
+        error: BaseException,
+        attempts: Sequence[Restart] = (),
+        committed_version: int | None = None,
+        checkpoint: dict[str, Any] | None = None,
+        resume: str = "",
+        details: dict[str, Any] | None = None,
+    ) -> FailureReport:
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        return cls(
+            f"{type(error).__name__}: {first_line}",
+            time.time(),
+            failed_ranks(error),
+            sorted(attempts, key=lambda attempt: attempt.at),
+            committed_version,
+            checkpoint,
+            resume,
+            dict(details or {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, folder: Path) -> Path:
+        path = Path(folder) / REPORT_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, default=str), encoding="utf-8")
+        return path
+
+    def render(self) -> str:
+        """The report as lines for a terminal."""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at))
+        lines = [f"the run stopped at {when}: {self.error}"]
+        for rank in self.failed:
+            where = f"node {rank.node_rank}" if rank.node_rank is not None else "unknown node"
+            reason = rank.reason.splitlines()[0] if rank.reason else ""
+            lines.append(f"  {rank.component}:{rank.rank} ({where}) {rank.kind}: {reason}")
+        lines.append(f"what was tried: {len(self.attempts) or 'nothing'}")
+        for attempt in self.attempts:
+            stamp = time.strftime("%H:%M:%S", time.localtime(attempt.at))
+            detail = f" ({attempt.detail.splitlines()[0]})" if attempt.detail else ""
+            who = f"{attempt.component}:{attempt.rank}"
+            lines.append(f"  {stamp} {who} {attempt.outcome} in {attempt.took_s:.1f} s{detail}")
+        if self.committed_version is not None:
+            lines.append(f"last committed weight version: {self.committed_version}")
+        if self.checkpoint is not None:
+            saved = self.checkpoint
+            lines.append(f"last checkpoint: iteration {saved['iteration']} at {saved['path']}")
+        else:
+            lines.append("last checkpoint: none")
+        if self.resume:
+            lines.append(f"to resume: {self.resume}")
+        return "\n".join(lines)
+
+
+__all__ = ["REPORT_FILE", "FailedRank", "FailureReport", "failed_ranks"]

@@ -1,0 +1,130 @@
+"""``Supervisor``: after a failed call, replace the dead workers of a run's replaceable groups.
+
+Rollout and env workers hold nothing between iterations that cannot be rebuilt: weights (the
+rollout workers', re-admitted at the committed version) and env state (reset). So when a call
+fails because some of them died, the run does not have to:
+
+    find        which ranks of which groups are gone (``WorkerGroup.gone_ranks``)
+    abandon     the version staged on the rollout workers, if any (the newcomer lacks it)
+    replace     each gone rank into its own bundle, charged to its group's restart budget
+    admit       replaced rollout workers at the committed version (``WeightSync.admit``)
+    rewire      the caller's hook: e.g. env workers learn their rollout workers' new handles
+    re-stage    the abandoned version, now on every rollout worker
+
+``resize`` is the same sequence without a death: elastic rollout (workers removed, or added back
+into their reserved bundles, admitted at the committed version).
+
+``heal`` returns the ``Restart`` records; it re-raises the original error when nobody died (a
+worker that raised is a bug, not a fault to ride out), and raises the ``SupervisionError`` of a
+rank that cannot be replaced (restart budget spent, node gone). Groups it does not supervise
+(a data-parallel trainer) are reported as ``UnsupervisedLoss`` for the caller to handle, e.g.
+by restarting the trainer from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.supervision import Restart
+from rlinfra.services.weights import WeightSync
+
+
+class UnsupervisedLoss(RuntimeError):
+    """Ranks of a group the supervisor does not replace are gone; ``gone`` maps group → ranks."""
+
+    def __init__(self, gone: Mapping[str, list[int]], cause: BaseException) -> None:
+        self.gone = dict(gone)
+        self.cause = cause
+        named = "; ".join(f"{group} rank(s) {ranks}" for group, ranks in self.gone.items())
+        super().__init__(f"lost {named}, which are not replaced in place\n{cause}")
+
+
+@dataclass
+class Recovery:
+    """One ``heal``: what failed, which ranks were replaced, and how long until they served."""
+
+    cause: str
+    restarts: list[Restart] = field(default_factory=list)
+    admitted_version: int | None = None
+    restaged_version: int | None = None
+    took_s: float = 0.0
+    finished_at: float = 0.0  # Unix time the replacements were admitted and rewired
+
+
+class Supervisor:
+    """Replaces the dead workers of ``groups``; ``receivers`` (one of them) are re-admitted
+    through ``sync``; ``rewire(replaced)`` runs once they are all back (group name → ranks)."""
+
+    def __init__(
+        self,
+        groups: Sequence[WorkerGroup],
+        sync: WeightSync | None = None,
+        rewire: Callable[[dict[str, list[int]]], None] | None = None,
+        watched: Sequence[WorkerGroup] = (),
+    ) -> None:
+        self.groups = list(groups)
+        self.sync = sync
+        self.rewire = rewire
+        self.watched = list(watched)  # checked for deaths, but not replaced here
+        self.recoveries: list[Recovery] = []
+
+    def heal(self, cause: BaseException) -> Recovery:
+        """Replace every gone rank after ``cause``; see the module docstring."""
+        started = time.monotonic()
+        lost = {group.name: group.gone_ranks() for group in self.watched}
+        lost = {name: ranks for name, ranks in lost.items() if ranks}
+        if lost:
+            raise UnsupervisedLoss(lost, cause) from cause
+        gone = {group.name: group.gone_ranks() for group in self.groups}
+        gone = {name: ranks for name, ranks in gone.items() if ranks}
+        if not gone:
+            raise cause
+        recovery = Recovery(str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
+        self.recoveries.append(recovery)
+        sync = self.sync
+        abandoned = sync.abandon() if sync is not None else None
+        for group in self.groups:
+            for rank in gone.get(group.name, []):
+                recovery.restarts.append(group.replace(rank, reason=recovery.cause))
+        if sync is not None and sync.receivers.name in gone:
+            recovery.admitted_version = sync.admit(gone[sync.receivers.name])
+        if self.rewire is not None:
+            self.rewire(gone)
+        if sync is not None and abandoned is not None:
+            sync.prepare(abandoned)
+            recovery.restaged_version = abandoned
+        recovery.took_s = time.monotonic() - started
+        recovery.finished_at = time.time()
+        return recovery
+
+    def resize(self, group: WorkerGroup, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
+        """Elastic rollout, between iterations (nothing in flight on ``group``): stop ``remove``,
+        start ``add`` again in their reserved bundles, admitted at the committed version when
+        ``group`` is the weight receivers — the replacement mechanism without a death — then
+        rewire and re-stage as ``heal`` does."""
+        sync = self.sync
+        receivers = sync is not None and group is sync.receivers
+        abandoned = sync.abandon() if sync is not None and receivers else None
+        if remove:
+            group.remove(remove)
+            if sync is not None and receivers:
+                sync.leave(remove)
+        if add:
+            group.add(add)
+            if sync is not None and receivers:
+                sync.admit(add)
+        if self.rewire is not None:
+            self.rewire({group.name: sorted({*add, *remove})})
+        if sync is not None and abandoned is not None:
+            sync.prepare(abandoned)
+
+    @property
+    def restarts(self) -> list[Restart]:
+        """Every replacement attempt of the supervised groups, in order (failed ones too)."""
+        return sorted((r for group in self.groups for r in group.restarts), key=lambda r: r.at)
+
+
+__all__ = ["Recovery", "Supervisor", "UnsupervisedLoss"]
