@@ -119,7 +119,10 @@ def launch(
         affected = _affected_env_ranks(live.env, live.rollout, replaced, connected)
         _connect(live.env, live.rollout, affected, connected)
 
-    live.supervisor = Supervisor([live.rollout, live.env], sync, rewire, watched=[live.actor])
+    # PPO can go on with fewer rollout workers (the env workers share the rest), not fewer envs.
+    live.supervisor = Supervisor(
+        [live.rollout, live.env], sync, rewire, watched=[live.actor], shrinkable=[live.rollout]
+    )
     return sync
 
 

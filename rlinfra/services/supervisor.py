@@ -14,11 +14,14 @@ fails because some of them died, the run does not have to:
 ``resize`` is the same sequence without a death: elastic rollout (workers removed, or added back
 into their reserved bundles, admitted at the committed version).
 
-``heal`` returns the ``Restart`` records; it re-raises the original error when nobody died (a
-worker that raised is a bug, not a fault to ride out), and raises the ``SupervisionError`` of a
-rank that cannot be replaced (restart budget spent, node gone). Groups it does not supervise
-(a data-parallel trainer) are reported as ``UnsupervisedLoss`` for the caller to handle, e.g.
-by restarting the trainer from its checkpoint.
+A rank whose node is gone cannot be replaced; in a group named ``shrinkable`` (rollout workers,
+when the algorithm can use fewer) it is removed and the run goes on with the others.
+
+``heal`` returns the ``Recovery`` (its ``Restart`` records); it re-raises the original error
+when nobody died (a worker that raised is a bug, not a fault to ride out), and raises the
+``SupervisionError`` of a rank that cannot be replaced (restart budget spent, node gone).
+Groups it does not supervise (a data-parallel trainer) are reported as ``UnsupervisedLoss`` for
+the caller to handle, e.g. by restarting the trainer from its checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlinfra.runtime.group import WorkerGroup
-from rlinfra.runtime.supervision import Restart
+from rlinfra.runtime.supervision import Restart, UnreplaceableError
 from rlinfra.services.weights import WeightSync
 
 
@@ -48,10 +51,12 @@ class Recovery:
 
     cause: str
     restarts: list[Restart] = field(default_factory=list)
+    dropped: list[tuple[str, int]] = field(default_factory=list)  # unreplaceable, gone on without
     admitted_version: int | None = None
     restaged_version: int | None = None
     took_s: float = 0.0
     finished_at: float = 0.0  # Unix time the replacements were admitted and rewired
+    finished_monotonic: float = 0.0  # the same moment on the monotonic clock (GroupCall.issued's)
 
 
 class Supervisor:
@@ -64,8 +69,10 @@ class Supervisor:
         sync: WeightSync | None = None,
         rewire: Callable[[dict[str, list[int]]], None] | None = None,
         watched: Sequence[WorkerGroup] = (),
+        shrinkable: Sequence[WorkerGroup] = (),
     ) -> None:
         self.groups = list(groups)
+        self.shrinkable = list(shrinkable)  # may go on with fewer ranks when one is unreplaceable
         self.sync = sync
         self.rewire = rewire
         self.watched = list(watched)  # checked for deaths, but not replaced here
@@ -88,16 +95,26 @@ class Supervisor:
         abandoned = sync.abandon() if sync is not None else None
         for group in self.groups:
             for rank in gone.get(group.name, []):
-                recovery.restarts.append(group.replace(rank, reason=recovery.cause))
+                try:
+                    recovery.restarts.append(group.replace(rank, reason=recovery.cause))
+                except UnreplaceableError:
+                    if group not in self.shrinkable or len(group.ranks) <= 1:
+                        raise
+                    group.remove([rank])  # its node is gone: go on with the others
+                    recovery.dropped.append((group.name, rank))
         if sync is not None and sync.receivers.name in gone:
-            recovery.admitted_version = sync.admit(gone[sync.receivers.name])
+            dropped = [rank for name, rank in recovery.dropped if name == sync.receivers.name]
+            sync.leave(dropped)
+            replaced = [rank for rank in gone[sync.receivers.name] if rank not in dropped]
+            if replaced:
+                recovery.admitted_version = sync.admit(replaced)
         if self.rewire is not None:
             self.rewire(gone)
         if sync is not None and abandoned is not None:
             sync.prepare(abandoned)
             recovery.restaged_version = abandoned
         recovery.took_s = time.monotonic() - started
-        recovery.finished_at = time.time()
+        recovery.finished_at, recovery.finished_monotonic = time.time(), time.monotonic()
         return recovery
 
     def resize(self, group: WorkerGroup, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
