@@ -103,7 +103,10 @@ def run(
         placed = {"components": placements(placement), "relations": relations(live.layout)}
         reporting.write_placement(output, placed)
         result.placements, result.misplaced_bundles = placed["components"], misplaced_bundles(live.layout)
-        result.solved = train(live, sync, job, state, log, console, on_iteration, between_rollouts)
+        resumed_from = (checkpoint["actor"], checkpoint["driver"]) if checkpoint else None
+        result.solved = train(
+            live, sync, job, state, log, console, on_iteration, between_rollouts, resumed_from
+        )
     except KeyboardInterrupt:
         result.interrupted = True
     except Exception as error:

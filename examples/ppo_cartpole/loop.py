@@ -48,11 +48,14 @@ def train(
     console: Console,
     on_iteration: Callable[[dict[str, Any]], None] | None,
     between_rollouts: Callable[[RolloutScaling], None] | None = None,
+    resumed_from: tuple[bytes, dict[str, Any]] | None = None,
 ) -> bool:
     """Iterate (the loop logs and checkpoints each iteration) and show progress. True once the
-    target return is reached; False when the iteration budget ran out first."""
+    target return is reached; False when the iteration budget ran out first. ``resumed_from``:
+    the checkpoint a resumed run started from (a trainer restart before the next one uses it)."""
     ctrl_c = CtrlC()
     loop = TrainingLoop(live, sync, job, state, log, between_rollouts)
+    loop.checkpoint = resumed_from
     with ctrl_c.watching(), iteration_display(console, job.algo.iterations, state.iteration) as show:
         for record in loop.iterations():
             show(record)
@@ -104,6 +107,10 @@ class RolloutScaling:
         if self.live.supervisor is None:
             raise RuntimeError("the job is not launched")
         return self.live.supervisor
+
+
+class NobodyGone(RuntimeError):
+    """What ``Supervisor.heal`` re-raises when it finds nobody to replace."""
 
 
 class TrainingLoop:
@@ -274,6 +281,28 @@ class TrainingLoop:
             except (WorkerGroupError, WeightSyncError) as error:
                 self._heal(error)
 
+    def _train(self, rollouts: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """One update on ``rollouts``; the metrics, or None when every one of them was lost. A
+        rollout whose env worker died after making it is gone with it: counted lost, the worker
+        replaced, and the update made on the others (nothing was trained on before)."""
+        while rollouts:
+            batches = [rollout["batch"] for rollout in rollouts]
+            metrics = self._on_trainer(lambda batches=batches: self.live.actor.train(batches).wait()[0])
+            if "lost" not in metrics:
+                return metrics
+            lost = set(metrics["lost"])
+            self.state.ledger.lost(rollouts[index]["batch_id"] for index in lost)
+            self._replace_dead()
+            rollouts = [rollout for index, rollout in enumerate(rollouts) if index not in lost]
+        return None
+
+    def _replace_dead(self) -> None:
+        """Replace whoever is gone now, if anybody (no failed call to blame)."""
+        supervisor = self.live.supervisor
+        if supervisor is not None:
+            with contextlib.suppress(NobodyGone):
+                self.state.recoveries.append(supervisor.heal(NobodyGone("a rollout's env worker died")))
+
     def _on_trainer(self, call: Callable[[], Any]) -> Any:
         """A call on the trainer, never retried (an update may have half-happened): a lost rank
         becomes ``UnsupervisedLoss`` (the trainer is restarted), any other failure stops the run."""
@@ -309,9 +338,8 @@ class TrainingLoop:
             "staleness": self.learner_version - oldest,
             "dropped": dropped,
         }
-        if fresh:
-            batches = [s.value["batch"] for s in fresh]
-            metrics = self._on_trainer(lambda: self.live.actor.train(batches).wait()[0])
+        metrics = self._train([s.value for s in fresh]) if fresh else None
+        if metrics is not None:
             state.ledger.trained(metrics.pop("batch_ids"), iteration=state.iteration + 1)
             self._stage(int(metrics.pop("weight_version")))
             learned |= {key: round(value, 5) for key, value in metrics.items()}

@@ -19,9 +19,10 @@ from typing import Any
 from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.launch import Components
 from examples.ppo_cartpole.state import DriverState
+from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.supervision import REFUSED, RESTARTED, Restart, RestartBudgetExhausted
 from rlinfra.services.supervisor import UnsupervisedLoss
-from rlinfra.services.weights import WeightSync
+from rlinfra.services.weights import WeightSync, WeightSyncError
 
 
 def restart_trainer(
@@ -53,7 +54,7 @@ def restart_trainer(
     version = live.start_trainer(actor_bytes, sync.version)
     sync.replace_sender(live.actor)
     live.supervisor.watched = [live.actor]
-    sync.update(version)  # the restored weights, served before anything is collected again
+    _publish(live, sync, version)  # the restored weights, served before anything is collected again
     state.served_versions.append(sync.version)
     back_to = int(saved["iteration"]) if saved is not None else 0
     state.ledger.dropped(state.ledger.open_ids)  # made with the lost trainer's weights
@@ -67,3 +68,14 @@ def restart_trainer(
     )
     state.trainer_restarts.append(restart)
     return restart
+
+
+def _publish(live: Components, sync: WeightSync, version: int) -> None:
+    """``sync.update(version)``, again after replacing a rollout worker that died during it."""
+    assert live.supervisor is not None
+    while True:
+        try:
+            sync.update(version)
+            return
+        except (WorkerGroupError, WeightSyncError) as error:
+            live.supervisor.heal(error)  # re-raises when nobody died; budgets bound the retries

@@ -217,8 +217,20 @@ class ActorWorker(WeightSender, Worker):
 
     def train(self, batch_refs: list[Any], fetch_timeout_s: float = 60.0) -> dict[str, Any]:
         """One PPO update on the rollouts of every env worker (one version), fetched straight from
-        the env workers' object stores; bumps the version. Says which batch ids it trained on."""
-        batch = RolloutBatch.concat(ray.get(batch_refs, timeout=fetch_timeout_s))
+        the env workers' object stores; bumps the version. Says which batch ids it trained on.
+
+        An env worker that died after making its rollout took the rollout with it (it owned the
+        object). Then nothing is trained: ``{"lost": [indices]}`` says which, and the driver
+        trains on the others (every rank fetches the same refs, so all agree)."""
+        batches, lost = [], []
+        for index, ref in enumerate(batch_refs):
+            try:
+                batches.append(ray.get(ref, timeout=fetch_timeout_s))
+            except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
+                lost.append(index)
+        if lost:
+            return {"lost": lost}
+        batch = RolloutBatch.concat(batches)
         return self._learner().update(batch) | {"batch_ids": list(batch.batch_ids)}
 
     def weights_state(self) -> dict[str, torch.Tensor]:

@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import Restart, UnreplaceableError
-from rlinfra.services.weights import WeightSync
+from rlinfra.services.weights import WeightSync, WeightSyncError
 
 
 class UnsupervisedLoss(RuntimeError):
@@ -79,20 +80,50 @@ class Supervisor:
         self.recoveries: list[Recovery] = []
 
     def heal(self, cause: BaseException) -> Recovery:
-        """Replace every gone rank after ``cause``; see the module docstring."""
+        """Replace every gone rank after ``cause``; see the module docstring. A newcomer that dies
+        while it is being brought in (a second fault) is replaced in turn, each time charged to
+        its group's budget, so this ends: healed, or a ``SupervisionError``."""
         started = time.monotonic()
-        lost = {group.name: group.gone_ranks() for group in self.watched}
-        lost = {name: ranks for name, ranks in lost.items() if ranks}
-        if lost:
-            raise UnsupervisedLoss(lost, cause) from cause
-        gone = {group.name: group.gone_ranks() for group in self.groups}
-        gone = {name: ranks for name, ranks in gone.items() if ranks}
+        gone = self._gone(cause)
         if not gone:
             raise cause
         recovery = Recovery(str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
         self.recoveries.append(recovery)
         sync = self.sync
         abandoned = sync.abandon() if sync is not None else None
+        changed: dict[str, set[int]] = {}
+        while gone:
+            for name, ranks in gone.items():
+                changed.setdefault(name, set()).update(ranks)
+            try:
+                self._bring_back(gone, recovery)
+            except (WorkerGroupError, WeightSyncError) as second:
+                gone = self._gone(second)  # who died meanwhile; nobody: the error stands
+                if not gone:
+                    raise
+                continue
+            gone = self._gone(cause)
+        if self.rewire is not None:
+            self.rewire({name: sorted(ranks) for name, ranks in changed.items()})
+        if sync is not None and abandoned is not None:
+            sync.prepare(abandoned)
+            recovery.restaged_version = abandoned
+        recovery.took_s = time.monotonic() - started
+        recovery.finished_at, recovery.finished_monotonic = time.time(), time.monotonic()
+        return recovery
+
+    def _gone(self, cause: BaseException) -> dict[str, list[int]]:
+        """Gone ranks of the supervised groups by name; ``UnsupervisedLoss`` for watched ones."""
+        lost = {group.name: group.gone_ranks() for group in self.watched}
+        lost = {name: ranks for name, ranks in lost.items() if ranks}
+        if lost:
+            raise UnsupervisedLoss(lost, cause) from cause
+        gone = {group.name: group.gone_ranks() for group in self.groups}
+        return {name: ranks for name, ranks in gone.items() if ranks}
+
+    def _bring_back(self, gone: dict[str, list[int]], recovery: Recovery) -> None:
+        """Replace (or, in a shrinkable group, drop when unreplaceable) the gone ranks, and admit
+        replaced weight receivers at the committed version."""
         for group in self.groups:
             for rank in gone.get(group.name, []):
                 try:
@@ -102,20 +133,13 @@ class Supervisor:
                         raise
                     group.remove([rank])  # its node is gone: go on with the others
                     recovery.dropped.append((group.name, rank))
+        sync = self.sync
         if sync is not None and sync.receivers.name in gone:
             dropped = [rank for name, rank in recovery.dropped if name == sync.receivers.name]
             sync.leave(dropped)
             replaced = [rank for rank in gone[sync.receivers.name] if rank not in dropped]
             if replaced:
                 recovery.admitted_version = sync.admit(replaced)
-        if self.rewire is not None:
-            self.rewire(gone)
-        if sync is not None and abandoned is not None:
-            sync.prepare(abandoned)
-            recovery.restaged_version = abandoned
-        recovery.took_s = time.monotonic() - started
-        recovery.finished_at, recovery.finished_monotonic = time.time(), time.monotonic()
-        return recovery
 
     def resize(self, group: WorkerGroup, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
         """Elastic rollout, between iterations (nothing in flight on ``group``): stop ``remove``,

@@ -103,26 +103,39 @@ def test_killed_rollout_and_env_workers_are_replaced_and_nothing_is_lost(cluster
     def kill_mid_collection(record: dict) -> None:
         # With max_staleness 1 the next rollout is being collected while this runs: the kill
         # lands mid-collection.
-        victim = {2: "rollout:1", 4: "env:0"}.get(record["iteration"])
+        victim = {2: "rollout:1", 5: "env:0"}.get(record["iteration"])
         if victim is not None:
             sigkill(victim)
             killed[record["iteration"]] = victim
 
-    cfg = job_config("disaggregated", "algo.iterations=6", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, on_iteration=kill_mid_collection)
+    def kill_env_one_after_its_rollout(rollouts) -> None:
+        # Called between collecting and training: env:1 dies owning the rollout it just made.
+        if rollouts.iteration == 3:
+            sigkill("env:1")
+            killed[3] = "env:1"
 
-    assert result.iterations == 6 and not result.interrupted and killed == {2: "rollout:1", 4: "env:0"}
+    cfg = job_config("disaggregated", "algo.iterations=7", f"run.output_dir={tmp_path}")
+    result = run(
+        cfg,
+        cluster=cluster,
+        on_iteration=kill_mid_collection,
+        between_rollouts=kill_env_one_after_its_rollout,
+    )
+
+    assert result.iterations == 7 and not result.interrupted
+    assert killed == {2: "rollout:1", 3: "env:1", 5: "env:0"}
     replaced = [(r.component, r.rank, r.outcome) for rec in result.state.recoveries for r in rec.restarts]
-    assert replaced == [("rollout", 1, "replaced"), ("env", 0, "replaced")]
-    # Every batch id ended once: trained, or lost with its worker (and made again under a new id).
+    assert replaced == [("rollout", 1, "replaced"), ("env", 1, "replaced"), ("env", 0, "replaced")]
+    # Every batch id ended once: trained, or lost with its worker (and made again under a new id,
+    # or, for env:1's finished rollout, the update made on env:0's alone): never half-used.
     batches = result.batches
-    assert batches["duplicated"] == 0 and batches["open"] == 0 and batches["lost"] >= 1
+    assert batches["duplicated"] == 0 and batches["open"] == 0 and batches["lost"] >= 2
     assert batches["trained"] + batches["dropped"] + batches["lost"] == batches["issued"]
-    assert batches["trained"] == 6 * 2  # two env workers, one batch each per iteration
+    assert batches["trained"] == 7 * 2 - 1  # two env workers, one batch each per iteration
     # The replaced rollout worker served the committed version: every batch is one version, and
     # the versions still advance by one per iteration.
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.served_versions == list(range(6))
+    assert result.served_versions == list(range(7))
     assert_resources_released()
 
 

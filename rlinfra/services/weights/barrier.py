@@ -267,6 +267,11 @@ class WeightSync:
         Raises ``WeightSyncError`` (step ``admit``) when no peer can give the version or a
         newcomer's copy does not verify; the newcomers then serve nothing."""
         newcomers = sorted(set(ranks))
+        if self.transport == "cuda_ipc":
+            raise ValueError(
+                "admission is not provided for the cuda_ipc transport: a newcomer would serve a host "
+                "copy instead of GPU memory; make a new WeightSync over the group instead"
+            )
         if self.staged is not None:
             raise RuntimeError(
                 f"version {self.staged.version} is staged; commit or abandon it before admitting {newcomers}"
