@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -44,3 +46,10 @@ def assert_resources_released(timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"still held after {timeout_s} s: resources {busy}, groups {live_groups}")
         time.sleep(0.2)
+
+
+def sigkill(actor_name: str) -> int:
+    """SIGKILL the process of a live named rlinfra worker (it tells its pid when asked if ready)."""
+    pid = ray.get(ray.get_actor(actor_name).rlinfra_ready.remote(), timeout=30)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid

@@ -1,0 +1,234 @@
+"""The main job under real faults, on one simulated 3-node cluster shared by every test.
+
+    node 0   actor:0-1 (GPUs 0-1), env:0          node 1   rollout:0 (GPU 2), env:1
+    node 2   rollout:1 (GPU 4): lost in the last test, so its rank cannot be replaced
+
+Workers are SIGKILLed by pid (``sigkill``), mid-collection, between collecting and training, and
+during weight updates; trainer ranks too; the budgets in the YAML are overridden per test. Short
+rollouts (``algo.num_steps=64``) keep each run to seconds: the behaviour checked does not depend
+on how much each rollout holds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+
+import pytest
+import ray
+import torch
+
+from examples.ppo_cartpole import reporting
+from examples.ppo_cartpole.job import run
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.supervision import RestartBudgetExhausted
+from rlinfra.services.weights import WeightSyncError
+from tests.examples.job_checks import assert_resources_released, job_config, sigkill
+
+pytestmark = pytest.mark.timeout(300)
+
+LAYOUT = (
+    "cluster.num_nodes=3",
+    "cluster.simulate=3x2",
+    "cluster.component_placement.actor.placement=0-1",
+    "cluster.component_placement.rollout.placement='2,4'",
+    "algo.num_steps=64",
+)
+CFG = job_config("disaggregated", *LAYOUT)
+
+
+def faulty(*overrides: str):
+    """The shared layout's config with this test's overrides."""
+    return job_config("disaggregated", *LAYOUT, *overrides)
+
+
+def test_killed_rollout_and_env_workers_are_replaced_and_nothing_is_lost(cluster, tmp_path) -> None:
+    killed: dict[int, str] = {}
+
+    def kill_mid_collection(record: dict) -> None:
+        # With max_staleness 1 the next rollout is being collected while this runs: the kill
+        # lands mid-collection.
+        victim = {2: "rollout:1", 5: "env:0"}.get(record["iteration"])
+        if victim is not None:
+            sigkill(victim)
+            killed[record["iteration"]] = victim
+
+    def kill_env_one_after_its_rollout(rollouts) -> None:
+        # Called between collecting and training: env:1 dies owning the rollout it just made.
+        if rollouts.iteration == 3:
+            sigkill("env:1")
+            killed[3] = "env:1"
+
+    cfg = faulty("algo.iterations=7", f"run.output_dir={tmp_path}")
+    result = run(
+        cfg,
+        cluster=cluster,
+        on_iteration=kill_mid_collection,
+        between_rollouts=kill_env_one_after_its_rollout,
+    )
+
+    assert result.iterations == 7 and not result.interrupted
+    assert killed == {2: "rollout:1", 3: "env:1", 5: "env:0"}
+    replaced = [(r.component, r.rank, r.outcome) for rec in result.state.recoveries for r in rec.restarts]
+    assert replaced == [("rollout", 1, "replaced"), ("env", 1, "replaced"), ("env", 0, "replaced")]
+    # Every batch id ended once: trained, or lost with its worker (and made again under a new id,
+    # or, for env:1's finished rollout, the update made on env:0's alone): never half-used.
+    batches = result.batches
+    assert batches["duplicated"] == 0 and batches["open"] == 0 and batches["lost"] >= 2
+    assert batches["trained"] + batches["dropped"] + batches["lost"] == batches["issued"]
+    assert batches["trained"] == 7 * 2 - 1  # two env workers, one batch each per iteration
+    # The replaced rollout worker served the committed version: every batch is one version, and
+    # the versions still advance by one per iteration.
+    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
+    assert result.served_versions == list(range(7))
+    assert_resources_released()
+
+
+def test_rollout_workers_removed_and_added_back_mid_run(cluster, tmp_path) -> None:
+    def scale(rollouts) -> None:
+        if rollouts.iteration == 2:
+            rollouts.remove([1])
+        elif rollouts.iteration == 4:
+            rollouts.add([1])
+
+    cfg = faulty("algo.iterations=6", f"run.output_dir={tmp_path}")
+    result = run(cfg, cluster=cluster, between_rollouts=scale)
+
+    records = reporting.read_metrics(tmp_path)
+    assert [r["rollout_workers"] for r in records] == [2, 2, 1, 1, 2, 2]
+    # The added worker was admitted at the committed version: no batch mixes versions, and the
+    # versions advance by one per iteration as in a run without changes.
+    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
+    assert result.served_versions == list(range(6))
+    assert result.batches["trained"] == 12 and result.batches["duplicated"] == 0
+    assert result.state.recoveries == []  # nothing died
+    assert_resources_released()
+
+
+def test_a_dead_rollout_worker_past_its_restart_budget_stops_the_run(cluster, tmp_path) -> None:
+    def kill_rollout_one(record: dict) -> None:
+        if record["iteration"] == 2:
+            ray.kill(ray.get_actor("rollout:1"), no_restart=True)
+
+    cfg = faulty(
+        "algo.iterations=10",
+        f"run.output_dir={tmp_path}",
+        "cluster.component_placement.rollout.restart.max=0",
+    )
+    with pytest.raises((WorkerGroupError, WeightSyncError, RestartBudgetExhausted)) as failure:
+        run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
+    message = str(failure.value)
+    assert "rollout:1" in message and "restart budget spent" in message, message
+    # The failure report: printed (the exception's note, which main() prints) and kept as JSON.
+    report = json.loads((tmp_path / "failure.json").read_text())
+    assert report["error"].startswith("RestartBudgetExhausted: rollout:1 (node 2)")
+    assert [(f["component"], f["rank"], f["node_rank"]) for f in report["failed"]] == [("rollout", 1, 2)]
+    attempts = [(a["component"], a["rank"], a["outcome"]) for a in report["attempts"]]
+    assert attempts == [("rollout", 1, "refused")]
+    assert report["checkpoint"]["iteration"] == 2 and report["committed_version"] >= 1
+    assert "--resume" in report["resume"] and report["details"]["batches"]["duplicated"] == 0
+    notes = "\n".join(failure.value.__notes__)
+    assert "what was tried: 1" in notes and "last checkpoint: iteration 2" in notes and "to resume:" in notes
+    assert_resources_released()
+
+
+def test_ctrl_c_during_a_recovery_still_releases_everything(cluster, tmp_path, monkeypatch) -> None:
+    replace = WorkerGroup.replace
+
+    def replace_then_ctrl_c(self, rank, reason="", **options):
+        restart = replace(self, rank, reason, **options)
+        signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, before admission and rewiring
+        return restart
+
+    monkeypatch.setattr(WorkerGroup, "replace", replace_then_ctrl_c)
+
+    def kill_rollout_one(record: dict) -> None:
+        if record["iteration"] == 2:
+            sigkill("rollout:1")
+
+    cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
+    result = run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
+    assert result.interrupted and result.iterations == 2
+    assert_resources_released()
+
+
+def test_trainer_rank_killed_restarts_from_checkpoint_without_repeating_or_skipping(cluster, tmp_path):
+    # A checkpoint every other iteration, the kill one iteration after one: iteration 3's update
+    # is lost with the trainer and redone (its batches rolled back), from the checkpoint of 2.
+    checkpoint_every, kill_after, rolled_back = 2, 3, 2
+    killed = []
+
+    def kill_trainer_rank_one(record: dict) -> None:
+        # The next update comes next: rank 1 is dead when it is issued, and rank 0 waits in the
+        # gradient all-reduce with it until the group is torn down.
+        if record["iteration"] == kill_after and not killed:
+            sigkill("actor:1")
+            killed.append(record["iteration"])
+
+    cfg = faulty(
+        "algo.iterations=6",
+        f"run.checkpoint_every={checkpoint_every}",
+        f"run.output_dir={tmp_path}",
+    )
+    result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
+
+    assert result.iterations == 6 and killed == [kill_after]
+    (restart,) = result.state.trainer_restarts
+    assert (restart.component, restart.outcome) == ("actor", "restarted")
+    assert restart.detail == "from the checkpoint of iteration 2" and "[1]" in restart.reason
+    # Each iteration once in the record, in order: nothing repeated, nothing skipped.
+    records = reporting.read_metrics(tmp_path)
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
+    # The trainer applied exactly one update per iteration, across the restart.
+    checkpoint = reporting.load_checkpoint(tmp_path)
+    actor = torch.load(io.BytesIO(checkpoint["actor"]), weights_only=True)
+    assert actor["updates"] == checkpoint["driver"]["iteration"] == 6
+    # Versions only rise: the restored weights were re-published above the last one served.
+    assert result.served_versions == sorted(set(result.served_versions))
+    batches = result.batches
+    assert batches["duplicated"] == 0 and batches["open"] == 0
+    assert batches["trained"] == 6 * 2 and batches["rolled_back"] == rolled_back
+    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
+    assert ended == batches["issued"]
+    assert_resources_released()
+
+
+def test_trainer_past_its_restart_budget_stops_the_run(cluster, tmp_path):
+    def kill_trainer(record: dict) -> None:
+        if record["iteration"] == 1:
+            sigkill("actor:0")
+
+    cfg = faulty(
+        "algo.iterations=5",
+        f"run.output_dir={tmp_path}",
+        "cluster.component_placement.actor.restart.max=0",
+    )
+    with pytest.raises(RestartBudgetExhausted, match=r"actor:0 .*restart budget spent"):
+        run(cfg, cluster=cluster, on_iteration=kill_trainer)
+    report = json.loads((tmp_path / "failure.json").read_text())
+    assert [(a["component"], a["outcome"]) for a in report["attempts"]] == [("actor", "refused")]
+    assert report["checkpoint"]["iteration"] == 1
+    assert_resources_released()
+
+
+def test_a_lost_node_leaves_its_rollout_worker_out_and_the_run_goes_on(cluster, tmp_path) -> None:
+    def lose_node_two(record: dict) -> None:
+        if record["iteration"] == 2:
+            node_two = cluster.nodes[2].node_id
+            cluster.embedded.kill_node(
+                next(n for n in cluster.embedded.simulated_nodes if n.node_id == node_two)
+            )
+
+    cfg = faulty("algo.iterations=5", f"run.output_dir={tmp_path}")
+    result = run(cfg, cluster=cluster, on_iteration=lose_node_two)
+
+    assert result.iterations == 5 and not result.interrupted
+    (recovery,) = result.state.recoveries
+    assert recovery.dropped == [("rollout", 1)]
+    assert [(r.component, r.rank, r.node_rank, r.outcome) for r in recovery.restarts] == []
+    records = reporting.read_metrics(tmp_path)
+    assert [r["rollout_workers"] for r in records][-2:] == [1, 1]
+    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
+    assert result.batches["duplicated"] == 0 and result.batches["open"] == 0
