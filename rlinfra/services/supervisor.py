@@ -2,7 +2,7 @@
 
 Rollout and env workers hold nothing between iterations that cannot be rebuilt: weights (the
 rollout workers', re-admitted at the committed version) and env state (reset). So when a call
-fails because some of them died, the run does not have to:
+fails because some of them died, the run need not stop; ``heal`` does, in order:
 
     find        which ranks of which groups are gone (``WorkerGroup.gone_ranks``)
     abandon     the version staged on the rollout workers, if any (the newcomer lacks it)
