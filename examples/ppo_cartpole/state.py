@@ -92,17 +92,6 @@ class JobResult:
     def env_steps(self) -> int:
         return self.state.env_steps
 
-    def rewind(self, saved: Mapping[str, Any] | None) -> None:
-        """Back to the checkpoint ``checkpointed()`` saved (or to the start), after a trainer
-        restart; ``training_s`` keeps counting the time actually spent."""
-        saved = dict(saved or {})
-        self.iteration = int(saved.get("iteration", 0))
-        self.env_steps = int(saved.get("env_steps", 0))
-        self.time_to_target_s = saved.get("time_to_target_s")
-        self.returns.clear()
-        self.returns.extend(saved.get("returns", []))
-        del self.batch_versions[self.iteration :]
-
     @property
     def mean_return(self) -> float:
         return self.state.mean_return
