@@ -491,11 +491,7 @@ class WorkerGroup:
         deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
         try:
             self._retire(rank, deadline)
-            self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
-            self.actors[rank] = self._spawn(rank, self._incarnations[rank])
-            ready = self.call(HostMethods.rlinfra_ready, [rank], action="restarting (constructor)")
-            self.worker_info[rank] = ready.wait(timeout=remaining(deadline), stuck_after=None)[0]
-            self._publish_master(rank, remaining(deadline))
+            self._start_again([rank], deadline, "restarting (constructor)")
         except BaseException as error:
             record(FAILED, str(error).splitlines()[0] if str(error) else type(error).__name__)
             raise
@@ -528,25 +524,31 @@ class WorkerGroup:
                 f"worker group {self.name!r}: ranks {bad} are not removed (removed: {sorted(self._removed)})"
             )
         deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
-        for rank in chosen:
-            self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
-            self.actors[rank] = self._spawn(rank, self._incarnations[rank])
-        ready = self.call(HostMethods.rlinfra_ready, chosen, action="adding (constructor)")
+        self._removed.difference_update(chosen)  # running again: the address reaches them too
         try:
-            infos = ready.wait(timeout=remaining(deadline), stuck_after=None)
+            self._start_again(chosen, deadline, "adding (constructor)")
         except BaseException:
             for rank in chosen:  # not running: kill whatever started, keep them removed
                 with contextlib.suppress(Exception):
                     ray.kill(self.actors[rank], no_restart=True)
+            self._removed.update(chosen)
             raise
-        for rank, info in zip(chosen, infos, strict=True):
-            self.worker_info[rank] = info
-            self._removed.discard(rank)
-            self._publish_master(rank, remaining(deadline))
 
     @property
     def removed_ranks(self) -> list[int]:
         return sorted(self._removed)
+
+    def _start_again(self, ranks: list[int], deadline: float, action: str) -> None:
+        """New processes for ``ranks`` (their next incarnation, in their own bundles), ready and
+        told the rendezvous address: what ``replace`` and ``add`` both do once the old is gone."""
+        for rank in ranks:
+            self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
+            self.actors[rank] = self._spawn(rank, self._incarnations[rank])
+        ready = self.call(HostMethods.rlinfra_ready, ranks, action=action)
+        infos = ready.wait(timeout=remaining(deadline), stuck_after=None)
+        for rank, info in zip(ranks, infos, strict=True):
+            self.worker_info[rank] = info
+            self._publish_master(rank, remaining(deadline))
 
     def _retire(self, rank: int, deadline: float) -> None:
         """Kill the rank's actor and wait until Ray has let go of it (its name is free again)."""
