@@ -31,6 +31,7 @@ from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, W
 from rlinfra.services.weights.transports.base import ReceiverSide
 
 SNAPSHOT_BUCKET_BYTES = buckets.DEFAULT_BUCKET_BYTES
+SNAPSHOT_FETCH_TIMEOUT_S = 120.0  # a newcomer's wait for its peer's snapshot
 
 
 class WeightsNotAdmittedError(RuntimeError):
@@ -70,7 +71,7 @@ class AdmissionReceiver(ReceiverSide):
 
         ``expected`` holds the committed version's checksums; without any (initial weights) the
         peer's are used. Raises ``WeightsVerifyError`` if the version or any bucket differs."""
-        snapshot: Snapshot = ray.get(source[0])
+        snapshot: Snapshot = ray.get(source[0], timeout=SNAPSHOT_FETCH_TIMEOUT_S)
         checksums = expected.checksums or snapshot.checksums
         taken = Buffers(snapshot.version, snapshot.manifest)
         taken.allocate(None)
