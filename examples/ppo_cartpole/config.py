@@ -41,6 +41,7 @@ class RunSettings:
     call_timeout_s: float = 300.0  # the driver's wait for a rollout or a training step
     launch_timeout_s: float = 180.0
     plot: bool = True
+    tensorboard: bool = True  # event files in OUTPUT/tensorboard, beside metrics.jsonl
 
 
 @dataclass(frozen=True)

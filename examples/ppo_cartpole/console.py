@@ -76,6 +76,8 @@ def summary(result: JobResult) -> str:
         f"{result.iterations} iterations | {result.env_steps} env steps | {result.steps_per_s:.0f} steps/s",
         f"metrics: {result.output_dir / reporting.METRICS_FILE}",
     ]
+    if result.job.run.tensorboard:
+        lines.append(f"tensorboard: tensorboard --logdir {result.output_dir / reporting.TENSORBOARD_DIR}")
     if result.plot is not None:
         lines.append(f"learning curve: {result.plot}")
     return "\n".join(lines)

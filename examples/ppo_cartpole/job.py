@@ -88,7 +88,7 @@ def run(
     checkpoint = reporting.load_checkpoint(output) if resume else None
     state = DriverState.restore(checkpoint["driver"] if checkpoint else None, job.algo.return_window)
     result = JobResult(job, state, output, resumed_from=state.iteration)
-    log = reporting.MetricsLog(output, resume=resume)
+    log = reporting.MetricsLog(output, resume=resume, tensorboard=job.run.tensorboard)
     own_cluster, live, sync = cluster is None, None, None
     try:
         cluster = cluster or Cluster(cfg["cluster"])

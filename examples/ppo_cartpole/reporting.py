@@ -1,4 +1,5 @@
-"""What the job leaves in its output folder: metrics (JSONL), the learning curve (PNG), checkpoints.
+"""What the job leaves in its output folder: metrics (JSONL and TensorBoard), the learning curve
+(PNG), checkpoints.
 
 Only the driver writes here. Workers send their state as bytes, so on a real cluster the folder
 lives on the driver's machine and no shared filesystem is needed.
@@ -7,55 +8,18 @@ lives on the driver's machine and no shared filesystem is needed.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
+from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, read_metrics
 
-METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "learning_curve.png"
 CHECKPOINT_FILE = "checkpoints/latest.json"  # the commit point; tensors beside it
 LEGACY_PICKLE = "checkpoint.pkl"  # what older versions wrote: refused, never unpickled
 PLACEMENT_FILE = "placement.json"
-
-
-class MetricsLog:
-    """One JSON object per iteration, appended and flushed as it happens, so a killed run keeps
-    every finished iteration and a resumed run continues the same file."""
-
-    def __init__(self, folder: Path, resume: bool) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / METRICS_FILE
-        self._file = self.path.open("a" if resume else "w", encoding="utf-8")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_finite(record)) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-    def rewind(self, iteration: int) -> None:
-        """Forget every line after ``iteration`` (the trainer was restarted from that checkpoint
-        and redoes them): the file keeps each iteration once."""
-        self._file.close()
-        kept = [r for r in read_metrics(self.path.parent) if r["iteration"] <= iteration]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        self._file = self.path.open("a", encoding="utf-8")
-
-
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    path = folder / METRICS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _finite(record: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no NaN: a mean return before the first finished episode is written as null."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "read_metrics"]  # the job's metrics, from rlinfra
 
 
 def plot_learning_curve(records: Sequence[dict[str, Any]], path: Path, target: float, title: str) -> Path:

@@ -16,6 +16,7 @@ import pytest
 
 from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.job import run
+from rlinfra.services.metrics import read_tensorboard
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,6 +55,9 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert placement_file["relations"]["actor-rollout"] == "disaggregated"
     assert result.plot is not None and result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / reporting.CHECKPOINT_FILE).exists()
+    # TensorBoard event files hold every metric of every iteration, as metrics.jsonl does.
+    board = read_tensorboard(tmp_path)
+    assert board["learner_version"] == [(r["iteration"], r["learner_version"]) for r in records]
     assert_resources_released()
 
 

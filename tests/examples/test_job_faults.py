@@ -24,6 +24,7 @@ from examples.ppo_cartpole.job import run
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import RestartBudgetExhausted
+from rlinfra.services.metrics import read_tensorboard
 from rlinfra.services.weights import WeightSyncError
 from tests.examples.job_checks import assert_resources_released, job_config, sigkill
 
@@ -181,6 +182,9 @@ def test_trainer_rank_killed_restarts_from_checkpoint_without_repeating_or_skipp
     # Each iteration once in the record, in order: nothing repeated, nothing skipped.
     records = reporting.read_metrics(tmp_path)
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
+    # TensorBoard shows the same: the redone iteration's first attempt was purged.
+    board = read_tensorboard(tmp_path)
+    assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
     # The trainer applied exactly one update per iteration, across the restart.
     checkpoint = reporting.load_checkpoint(tmp_path)
     actor = torch.load(io.BytesIO(checkpoint["actor"]), weights_only=True)

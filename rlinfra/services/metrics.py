@@ -1,0 +1,108 @@
+"""A run's metrics: one JSON line per step, and the same scalars as TensorBoard event files.
+
+``metrics.jsonl`` is the record a script reads back (plots, benchmarks, tests); TensorBoard is
+where RL users look while a run goes on (``tensorboard --logdir OUTPUT/tensorboard``). Both are
+appended and flushed as each step finishes, so a killed run keeps every finished step; a resumed
+run continues both; ``rewind(step)`` forgets the steps after ``step`` in both (a trainer restarted
+from that checkpoint redoes them), TensorBoard by its own ``purge_step``.
+
+Only the driver writes here: workers return their metrics, so on a real cluster the folder lives
+on the driver's machine and no shared filesystem is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class MetricsLog:
+    """Appends one record per step to ``folder/metrics.jsonl`` and, with ``tensorboard``, each of
+    its finite numbers as a scalar (tag = key, x = the record's ``step_key``) to
+    ``folder/tensorboard``. ``resume`` continues both instead of starting them again."""
+
+    def __init__(self, folder: Path, resume: bool, *, step_key: str = "iteration", tensorboard: bool = True):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / METRICS_FILE
+        self.step_key = step_key
+        self.tensorboard_dir = folder / TENSORBOARD_DIR if tensorboard else None
+        if not resume and self.tensorboard_dir is not None:
+            for old in self.tensorboard_dir.glob("events.out.tfevents.*"):
+                old.unlink()  # a fresh run's curves must not be drawn over the last run's
+        self._file = self.path.open("a" if resume else "w", encoding="utf-8")
+        last = read_metrics(folder)[-1:] if resume else []
+        self._board = self._open_board(purge_after=last[0].get(step_key) if last else None)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        finite = _finite(record)
+        self._file.write(json.dumps(finite) + "\n")
+        self._file.flush()
+        if self._board is not None:
+            step = int(finite[self.step_key])
+            for key, value in finite.items():
+                if key != self.step_key and isinstance(value, int | float) and not isinstance(value, bool):
+                    self._board.add_scalar(key, value, global_step=step)
+            self._board.flush()
+
+    def rewind(self, step: int) -> None:
+        """Forget every record after ``step`` (the trainer was restarted from that checkpoint and
+        redoes them): both files keep each step once."""
+        self._file.close()
+        kept = [r for r in read_metrics(self.path.parent) if r[self.step_key] <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        self._file = self.path.open("a", encoding="utf-8")
+        if self._board is not None:
+            self._board.close()
+            self._board = self._open_board(purge_after=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._board is not None:
+            self._board.close()
+
+    def _open_board(self, purge_after: int | None) -> Any:
+        """A TensorBoard writer; with ``purge_after``, events of later steps are dropped."""
+        if self.tensorboard_dir is None:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as error:
+            raise ImportError(
+                "run.tensorboard is on but TensorBoard is not installed: pip install tensorboard "
+                "(or set run.tensorboard=false)"
+            ) from error
+        purge_step = None if purge_after is None else int(purge_after) + 1
+        return SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge_step, flush_secs=5)
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    path = folder / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_tensorboard(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in ``folder/tensorboard``, as TensorBoard would show it: tag -> [(step, value)]
+    in step order, purged steps gone. (For tests and scripts; TensorBoard itself reads the files.)"""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder / TENSORBOARD_DIR), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def _finite(record: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN: a value not yet defined (a mean over no episodes) is written as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "read_metrics", "read_tensorboard"]
