@@ -25,6 +25,8 @@ _RUNTIME_NAMES = (
     "Layout",
     "RankFailure",
     "ReservationError",
+    "TimeShared",
+    "TimeSharing",
     "Worker",
     "WorkerAddress",
     "WorkerGroup",

@@ -31,7 +31,6 @@ from examples.ppo_cartpole.launch import (
     split_envs,
 )
 from examples.ppo_cartpole.loop import RolloutScaling, train
-from examples.ppo_cartpole.signals import sigint_ignored
 from examples.ppo_cartpole.state import DriverState, JobResult
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
@@ -41,6 +40,7 @@ from rlinfra.runtime.supervision import SupervisionError
 from rlinfra.services.batches import BatchLedgerError
 from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.services.failure_report import FailureReport
+from rlinfra.services.signals import sigint_ignored
 from rlinfra.services.supervisor import UnsupervisedLoss
 from rlinfra.services.weights import WeightSync, WeightSyncError
 

@@ -29,11 +29,11 @@ from examples.ppo_cartpole.config import JobConfig
 from examples.ppo_cartpole.console import iteration_display
 from examples.ppo_cartpole.launch import Components
 from examples.ppo_cartpole.recovery import restart_trainer
-from examples.ppo_cartpole.signals import CtrlC
 from examples.ppo_cartpole.state import DriverState
 from examples.ppo_cartpole.workers import EnvWorker
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.services.signals import CtrlC
 from rlinfra.services.supervisor import Supervisor, UnsupervisedLoss
 from rlinfra.services.weights import Stamped, UpdateReport, WeightSync, WeightSyncError, filter_stale
 from rlinfra.services.weights.barrier import Prepared

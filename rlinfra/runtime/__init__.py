@@ -1,4 +1,4 @@
-"""The runtime layer: Ray connection, worker groups, layouts, failure surfacing.
+"""The runtime layer: Ray connection, worker groups, layouts, failure surfacing, time-sharing.
 
 Names are loaded on first use: ``rlinfra.runtime.bundles`` (the pure layout table) must stay
 importable without pulling in Ray, for ``rlinfra plan``.
@@ -9,11 +9,13 @@ from rlinfra.lazy_exports import lazy_exports
 _EXPORTS = {
     "Cluster": "rlinfra.runtime.cluster",
     "ClusterError": "rlinfra.runtime.errors",
+    "ComponentAsleepError": "rlinfra.runtime.timesharing",
     "GroupCall": "rlinfra.runtime.calls",
     "GroupMethod": "rlinfra.runtime.group",
     "Layout": "rlinfra.runtime.layout",
     "RankFailure": "rlinfra.runtime.errors",
     "ReservationError": "rlinfra.runtime.layout",
+    "SwitchError": "rlinfra.runtime.timesharing",
     "Worker": "rlinfra.runtime.worker",
     "WorkerAddress": "rlinfra.runtime.address",
     "WorkerGroup": "rlinfra.runtime.group",
@@ -22,6 +24,9 @@ _EXPORTS = {
     "compose_env": "rlinfra.runtime.env",
     "SecretError": "rlinfra.runtime.secrets",
     "TopologyError": "rlinfra.runtime.topology",
+    "TimeShared": "rlinfra.runtime.timesharing",
+    "TimeSharing": "rlinfra.runtime.timesharing",
+    "TimeSharingError": "rlinfra.runtime.timesharing",
 }
 
 __all__ = sorted(_EXPORTS)

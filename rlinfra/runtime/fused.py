@@ -52,6 +52,11 @@ def fuse(**roles: type[Worker]) -> type[Worker]:
                     raise
                 self._role_instances[role] = instance
 
+        def role_instance(self, role: str) -> Worker:
+            """This process's instance of ``role``: how one role reaches another in the same
+            process (a learner using the reference model's weights in memory, say)."""
+            return self._role_instances[role]
+
         def rlinfra_role_call(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
             return getattr(self._role_instances[role], method)(*args, **kwargs)
 

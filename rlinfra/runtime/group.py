@@ -6,7 +6,9 @@ or a one-component layout the group reserves and releases itself): a placement g
 bundles are pinned to the exact nodes (``ray.io/node-id`` label selectors) and ordered by (node
 rank, device). Any public method called on the group fans out to all ranks and returns a
 ``GroupCall``; ``.scatter`` and ``.split`` are the explicit per-rank dispatch choices, and
-``call`` is the one door other layers use (``group.call(HostMethods.rlinfra_ready)``).
+``call`` is the one door other layers use (``group.call(HostMethods.rlinfra_ready)``). Every
+call, whatever its form, passes the group's ``call_guard`` (if one is installed) before anything
+is sent: ``rlinfra.runtime.timesharing`` refuses calls into a component that is asleep there.
 
 Each worker's environment is composed by ``rlinfra.runtime.env`` (one precedence for class
 defaults, the driver's allow-list, node group, component and rlinfra's values) and set inside the
@@ -65,6 +67,10 @@ DEFAULT_CALL_TIMEOUT_S = 600.0
 GONE_PROBE_S = 5.0  # how long gone_ranks waits for the live ranks' probes
 NAME_RELEASE_POLL_S = 0.02  # Ray gives no event for a killed actor's name becoming free
 
+# Sees every call before it is sent: (the method's name as sent to the actor, the ranks); raises
+# to refuse it. Calls to a fused worker's roles arrive under ROLE_CALL.
+CallGuard = Callable[[str, Sequence[int]], None]
+
 
 class WorkerGroup:
     """All ranks of one component. Created by ``Worker.create_group``; usable once launched."""
@@ -92,6 +98,7 @@ class WorkerGroup:
         self.restarts: list[Restart] = []  # every replacement attempt, in order
         self._incarnations: dict[int, int] = {}  # rank -> processes started after its first
         self._removed: set[int] = set()  # ranks stopped by remove(), their bundles kept for add()
+        self.call_guard: CallGuard | None = None  # installed by a facility that may refuse calls
 
     # ----------------------------------------------------------------------------------- launch
     def launch(
@@ -385,6 +392,9 @@ class WorkerGroup:
         return self._call(action or name, refs, chosen, timeout=timeout)
 
     def _remote(self, name: str, ranks: Sequence[int], args: Sequence[tuple], kwargs: Mapping) -> list[Any]:
+        # The one place every call (``call``, ``group.method(...)``, views, roles) goes through.
+        if self.call_guard is not None:
+            self.call_guard(name, ranks)
         return [getattr(self.actors[r], name).remote(*a, **kwargs) for r, a in zip(ranks, args, strict=True)]
 
     def _call(
@@ -689,4 +699,4 @@ def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:
             progress.update(task, completed=len(refs) - len(pending))
 
 
-__all__ = ["GroupMethod", "WorkerGroup", "WorkerGroupView"]
+__all__ = ["CallGuard", "GroupMethod", "WorkerGroup", "WorkerGroupView"]

@@ -1,0 +1,689 @@
+"""Time-sharing of shared devices: one component awake per device, switched by the driver.
+
+Colocated components (``actor,rollout: 0-3``: a trainer and a generation engine on the same
+GPUs) cannot both hold their memory at once, so they take turns. Each one's worker class derives
+from ``TimeShared`` and implements two hooks: ``sleep()`` releases what it holds on the device
+(an engine drops weights and KV cache, a trainer offloads parameters and optimizer state) and
+``wake()`` takes it back. The driver owns the turns through one ``TimeSharing`` schedule per
+job:
+
+    schedule = TimeSharing([actor, rollout, reward])   # every time-shared component asleep
+    schedule.wake("rollout")          # nothing of rollout's devices to free yet; rollout wakes
+    rollout.generate(prompts).wait()
+    schedule.wake("actor")            # rollout sleeps first (on every rank), then actor wakes
+    actor.train(batch).wait()
+    rollout.generate(prompts)         # ComponentAsleepError: names rank, method, who is awake
+
+Who shares what is read from the groups' ``Placement`` records, never from names: two components
+share a device when one rank of each sits on the same node and holds the same node-local device
+(node rank, hardware type, local index). ``wake(c)`` puts to sleep every component that shares a
+device with ``c`` and is not asleep already — all of them at once, and all of their ranks — waits
+for every one to finish, and only then wakes ``c``'s ranks, under one deadline. Components that
+share no device with another (the third one above) are never put to sleep and never guarded.
+
+Initial state: building the schedule puts every time-shared component to sleep (``sleep()``
+runs once on each rank, right after its constructor, so whatever the constructor allocated is
+released), then wakes ``awake`` if one is given. From then on only the schedule calls the hooks,
+and they alternate — except that a hook that failed is called again by the next switch, and
+``schedule.sleep(c)`` runs ``sleep()`` even on a sleeping component: both should tolerate a repeat.
+
+What is enforced where:
+
+* driver side, in ``WorkerGroup``'s one door (its ``call_guard``, installed here): every call into
+  a sleeping component — ``group.method(...)``, ``execute_on``, ``call`` from any service — is
+  refused before anything is sent, with a ``ComponentAsleepError`` naming the component, ranks,
+  nodes, method and the component awake on its devices. ``sleep``/``wake`` themselves are refused
+  there too: only the schedule calls them, so its record of who is awake stays true.
+  ``rlinfra_``-prefixed host methods (readiness, probes, the schedule's own calls) pass, and so
+  do the weight-update methods (``SERVED_ASLEEP``: they work on host memory); calls to a fused
+  worker's roles are refused like any other.
+* worker side, for callers that bypass the group (an actor handle, another actor): a
+  ``TimeShared`` class's public methods are wrapped once, when the class is defined, by a check of
+  one attribute of the worker; a sleeping worker raises ``ComponentAsleepError`` from any of them.
+  A method already running when the worker is put to sleep is not interrupted (with the default
+  ``max_concurrency=1`` the sleep waits behind it), and the worker's own threads are refused too.
+
+Every switch is timed (``switches``, ``summary()``) and every hook call logged in order
+(``phases``). On the CPU, device memory is process memory: ``resident_bytes`` reads each rank's
+resident set (``/proc/self/statm``, answered in the worker's watch thread, so also while it is
+busy), and after ``sleep()`` returns the worker collects garbage and trims the C heap
+(``malloc_trim``) so what was freed shows as freed; on GPUs ``sleep()`` itself must also return
+the allocator's cache (``torch.cuda.empty_cache()``).
+
+A failed hook — it raised, or did not answer within the switch's deadline — raises
+``SwitchError`` (a ``WorkerGroupError``) naming the component, rank, node and phase; that
+component's state becomes unknown (its calls are refused) and the component being woken is not
+woken. A fused worker time-shares when its class derives from ``TimeShared`` as well
+(``class Policy(TimeShared, fuse(actor=..., ref=...))``, with the hooks); a replaced rank comes
+up in its constructor's state, so ``schedule.sleep(component)`` it before its next turn. The
+schedule is driven from one thread (``resident_bytes`` may be read from any).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+import inspect
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple, cast
+
+import ray
+
+from rlinfra.placement.record import Placement
+from rlinfra.runtime.calls import GroupCall, remaining
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.group import ROLE_CALL, CallGuard, WorkerGroup
+from rlinfra.runtime.progress import WATCH_GROUP
+from rlinfra.runtime.worker import Worker
+
+DEFAULT_SWITCH_TIMEOUT_S = 300.0  # an engine reloading a large model's weights takes minutes
+SLEEP, WAKE = "sleep", "wake"  # the hooks, and the actions in ``phases``
+AWAKE, ASLEEP, UNKNOWN = "awake", "asleep", "unknown"  # UNKNOWN: its last sleep or wake failed
+INTERNAL_PREFIX = "rlinfra_"  # rlinfra's own worker methods: never refused (but a fused role's are)
+# Served while asleep: a weight update stages a version in host memory and, on an engine that
+# sleeps with its parameters offloaded to the host, loads it into them there (``wake`` then takes
+# the new version to the device); a trainer asleep still exports its offloaded parameters. So a
+# colocated job stages (and even commits) the next version while the other component has its turn.
+SERVED_ASLEEP = ("weights_", "set_initial_weights")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def refused_while_asleep(method: str) -> bool:
+    """Whether a sleeping component refuses ``method``: every method but rlinfra's own and the
+    weight-update ones — and a fused worker's role calls are refused like the roles' methods."""
+    return method == ROLE_CALL or not method.startswith((INTERNAL_PREFIX, *SERVED_ASLEEP))
+
+
+class TimeSharingError(RuntimeError):
+    """The schedule refuses something: a component without hooks, a hook called behind its
+    back, a component it does not time-share."""
+
+
+class ComponentAsleepError(TimeSharingError):
+    """A call reached a component that is asleep (or in an unknown state) on those ranks."""
+
+    def __init__(
+        self,
+        component: str,
+        ranks: Sequence[int],
+        method: str,
+        awake: Sequence[str],
+        node_ranks: Sequence[int | None] = (),
+        state: str = ASLEEP,
+    ) -> None:
+        self.component, self.method, self.state = component, method, state
+        self.ranks, self.awake, self.node_ranks = tuple(ranks), tuple(awake), tuple(node_ranks)
+        super().__init__(self._render())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised inside a worker too: Ray pickles it, and the default would call __init__(message).
+        return type(self), (self.component, self.ranks, self.method, self.awake, self.node_ranks, self.state)
+
+    def _render(self) -> str:
+        nodes = sorted({node for node in self.node_ranks if node is not None})
+        where = f" (node {', '.join(map(str, nodes))})" if nodes else ""
+        state = "asleep" if self.state == ASLEEP else "in an unknown state (its last sleep or wake failed)"
+        if not self.awake:
+            holder = "no component is awake on its devices"
+        else:
+            names = ", ".join(repr(name) for name in self.awake)
+            holder = f"{names} {'is' if len(self.awake) == 1 else 'are'} awake on its devices"
+        ranks = ", ".join(map(str, self.ranks))
+        return (
+            f"component {self.component!r} is {state} on rank(s) {ranks}{where}: call "
+            f"{self.component}.{self.method} refused; {holder}. Wake it first: "
+            f"schedule.wake({self.component!r})"
+        )
+
+
+class SwitchError(WorkerGroupError):
+    """A ``sleep()`` or ``wake()`` raised, died or missed the switch's deadline on some ranks.
+
+    ``group`` is the component whose hook failed, ``phase`` the hook, ``target`` the component
+    the switch was for (None for an explicit ``sleep``); ``failures`` names each rank and node.
+    """
+
+    def __init__(self, cause: WorkerGroupError, phase: str, target: str | None, timeout_s: float) -> None:
+        self.phase, self.target, self.timeout_s = phase, target, timeout_s
+        super().__init__(cause.group, cause.action, cause.failures, cause.results, cause.pending)
+
+    def _render(self) -> str:
+        if self.phase == WAKE:
+            then = f"schedule.wake({self.group!r}) calls its wake() again"
+        elif self.target is None:
+            then = f"schedule.sleep({self.group!r}) calls its sleep() again"
+        else:
+            then = (
+                f"{self.target!r} was not woken; schedule.wake({self.target!r}) calls {self.group}'s "
+                "sleep() again"
+            )
+        return (
+            f"{super()._render()}\n  time-sharing (the switch's deadline: {self.timeout_s:g} s): "
+            f"{self.group!r} is now in an unknown state (calls to it are refused); {then}"
+        )
+
+
+class TimeShared(Worker):
+    """Base class of a worker whose component takes turns on its devices (``TimeSharing``).
+
+    Implement ``sleep()`` (release the device memory: drop or offload weights, caches, optimizer
+    state; after it returns rlinfra collects garbage and trims the C heap) and ``wake()`` (take
+    them back). Only the schedule calls them. While asleep, the worker's public methods raise
+    ``ComponentAsleepError``: every public method of a subclass is wrapped, once, when the class
+    is defined (coroutines and generators by wrappers of their own kind).
+    """
+
+    _rlinfra_asleep: bool = False  # a constructed worker is awake until the schedule says otherwise
+    _rlinfra_yielded_to: str | None = None  # the component it was put to sleep for
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in dir(cls):
+            if name.startswith("_") or name in _EXEMPT or not refused_while_asleep(name):
+                continue
+            member = inspect.getattr_static(cls, name)
+            if inspect.isfunction(member) and not getattr(member, "_rlinfra_guarded", False):
+                setattr(cls, name, _refused_while_asleep(member))
+
+    def sleep(self) -> None:
+        """Release this worker's device memory (the component's turn is over)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sleep() to time-share")
+
+    def wake(self) -> None:
+        """Take back what ``sleep`` released (the component's turn begins)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement wake() to time-share")
+
+    def rlinfra_timeshare_sleep(self, yielded_to: str | None) -> float:
+        """Run ``sleep()``, then refuse calls and give the freed memory back to the OS; returns
+        the seconds it took by the worker's clock."""
+        started = time.perf_counter()
+        try:
+            self.sleep()  # may still call the worker's own methods: refused only once it is done
+        finally:
+            self._rlinfra_asleep, self._rlinfra_yielded_to = True, yielded_to
+        release_freed_memory()
+        return time.perf_counter() - started
+
+    def rlinfra_timeshare_wake(self) -> float:
+        """Run ``wake()`` (calls are accepted from its start, so it may use the worker's own
+        methods); a ``wake()`` that raises leaves the worker refusing calls."""
+        started = time.perf_counter()
+        self._rlinfra_asleep = False
+        try:
+            self.wake()
+        except BaseException:
+            self._rlinfra_asleep, self._rlinfra_yielded_to = True, None
+            raise
+        return time.perf_counter() - started
+
+    @ray.method(concurrency_group=WATCH_GROUP)
+    def rlinfra_timeshare_yielded(self, awake: str) -> None:
+        """Note that ``awake`` now holds this sleeping worker's devices (named when it refuses)."""
+        self._rlinfra_yielded_to = awake
+
+    @ray.method(concurrency_group=WATCH_GROUP)
+    def rlinfra_resident_bytes(self) -> int:
+        """This process's resident set size now (answered in the watch thread, also while busy)."""
+        return resident_set_bytes()
+
+    def _rlinfra_refuse(self, method: str) -> None:
+        raise ComponentAsleepError(
+            self._group_name,
+            [self._rank],
+            method,
+            [self._rlinfra_yielded_to] if self._rlinfra_yielded_to else [],
+            [self._cluster_node_rank],
+        )
+
+
+_EXEMPT = frozenset(dir(TimeShared))  # Worker's and TimeShared's own names: hooks, log_info …
+# Ray's stubs type @ray.method functions as remote methods; to WorkerGroup.call they are methods.
+_NOTE_AWAKE = cast(Callable[[TimeShared, str], None], TimeShared.rlinfra_timeshare_yielded)
+_READ_RESIDENT = cast(Callable[[TimeShared], int], TimeShared.rlinfra_resident_bytes)
+
+
+def _refused_while_asleep(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, refusing calls while the worker is asleep: one attribute read per call. The
+    wrapper is of the method's kind (Ray tells async actors and streaming methods by it)."""
+    name = method.__name__
+    if inspect.isasyncgenfunction(method):
+        guarded = _async_generator_guard(method, name)
+    elif inspect.iscoroutinefunction(method):
+        guarded = _coroutine_guard(method, name)
+    elif inspect.isgeneratorfunction(method):
+        guarded = _generator_guard(method, name)
+    else:
+        guarded = _plain_guard(method, name)
+    guarded = functools.wraps(method)(guarded)  # keeps Ray's @ray.method options and the signature
+    guarded._rlinfra_guarded = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _plain_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        if self._rlinfra_asleep:
+            self._rlinfra_refuse(name)
+        return method(self, *args, **kwargs)
+
+    return guarded
+
+
+def _coroutine_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    async def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        if self._rlinfra_asleep:
+            self._rlinfra_refuse(name)
+        return await method(self, *args, **kwargs)
+
+    return guarded
+
+
+def _generator_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        if self._rlinfra_asleep:
+            self._rlinfra_refuse(name)
+        return (yield from method(self, *args, **kwargs))
+
+    return guarded
+
+
+def _async_generator_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    async def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        if self._rlinfra_asleep:
+            self._rlinfra_refuse(name)
+        async for item in method(self, *args, **kwargs):
+            yield item
+
+    return guarded
+
+
+def resident_set_bytes() -> int:
+    """Resident set size of this process (``/proc/self/statm``; Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * _PAGE_BYTES
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+def release_freed_memory() -> None:
+    """Return freed memory to the OS, so a sleeping worker's resident set shrinks.
+
+    Freed blocks above glibc's mmap threshold (it grows up to 32 MiB) are unmapped at once; smaller
+    ones stay in the C heap until ``malloc_trim`` gives back its free pages. ``gc.collect()`` first
+    frees objects kept only by reference cycles.
+    """
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+class Device(NamedTuple):
+    """One device of the cluster, as placements name it."""
+
+    node_rank: int
+    kind: str  # the hardware type: "GPU", a custom type …
+    local_index: int
+
+
+def devices_of(placement: Placement) -> frozenset[Device]:
+    """The devices a process holds (none for a process placed on a whole node)."""
+    return frozenset(
+        Device(placement.cluster_node_rank, placement.hardware_type, index)
+        for index in placement.local_hardware_ranks
+    )
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a switch must be done (``time.monotonic()``), and the seconds it was given."""
+
+    at: float
+    limit_s: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds, seconds)
+
+    def left(self) -> float:
+        return remaining(self.at)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One hook call, in ``TimeSharing.phases`` order: the component, ``sleep`` or ``wake``, and
+    the longest time a rank's hook took by the worker's own clock."""
+
+    component: str
+    action: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One ``wake``: the components put to sleep for it (in schedule order, possibly none), the
+    component woken, the seconds each stage took as the driver saw it, and when it began (Unix
+    time). ``total_s`` includes the driver's own bookkeeping between the stages."""
+
+    slept: tuple[str, ...]
+    woken: str
+    sleep_s: float
+    wake_s: float
+    total_s: float
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TimeSharing:
+    """The turns of a job's colocated components: at most one awake on each shared device."""
+
+    def __init__(
+        self,
+        groups: Mapping[str, WorkerGroup] | Iterable[WorkerGroup],
+        *,
+        awake: str | None = None,
+        timeout: float = DEFAULT_SWITCH_TIMEOUT_S,
+    ) -> None:
+        """Work out who shares which devices, check every time-sharing component has both hooks,
+        guard their calls, put them all to sleep, and wake ``awake`` if given; within ``timeout``
+        (also every switch's default deadline). Raises ``TimeSharingError`` before touching any
+        worker when a component cannot time-share, ``SwitchError`` when a first ``sleep()`` fails.
+        """
+        self.groups: dict[str, WorkerGroup] = _by_name(groups)
+        self.timeout = timeout
+        self.phases: list[Phase] = []
+        self.switches: list[Switch] = []
+        self._guards: dict[str, CallGuard] = {}
+        rank_devices = {
+            (name, placement.rank): devices_of(placement)
+            for name, group in self.groups.items()
+            for placement in _launched(group).placements
+        }
+        self._rank_sharers = _sharers(rank_devices)
+        self.sharers: dict[str, frozenset[str]] = {name: frozenset() for name in self.groups}
+        for (name, _), others in self._rank_sharers.items():
+            self.sharers[name] = self.sharers[name] | others
+        self.time_shared: list[str] = [name for name in self.groups if self.sharers[name]]
+        _check_hooks({name: self.groups[name] for name in self.time_shared})
+        self._state: dict[str, str] = dict.fromkeys(self.time_shared, UNKNOWN)
+        if awake is not None:
+            self._time_shared(awake)
+        self._install_guards()
+        try:
+            deadline = Deadline.after(timeout)
+            self._sleep_all(self.time_shared, None, deadline)
+            if awake is not None:
+                self.wake(awake, timeout=deadline.left())
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------------------- the turns
+    def wake(self, component: str, *, timeout: float | None = None) -> Switch | None:
+        """Give ``component`` its turn: put every component sharing a device with it to sleep (all
+        their ranks, at once), then wake its ranks; returns the timed ``Switch``, or None (and
+        records nothing) when it is awake already. ``timeout`` (default: the schedule's) bounds
+        the whole switch; a failed hook raises ``SwitchError``."""
+        self._time_shared(component)
+        if self._state[component] == AWAKE:
+            return None
+        at, started = time.time(), time.monotonic()
+        deadline = Deadline.after(self.timeout if timeout is None else timeout)
+        slept = [name for name in self.time_shared if name in self.sharers[component]]
+        slept = [name for name in slept if self._state[name] != ASLEEP]
+        self._sleep_all(slept, component, deadline)
+        sleep_done = time.monotonic()
+        self._wake_one(component, deadline, told=slept)
+        done = time.monotonic()
+        switch = Switch(tuple(slept), component, sleep_done - started, done - sleep_done, done - started, at)
+        self.switches.append(switch)
+        return switch
+
+    def sleep(self, component: str, *, timeout: float | None = None) -> None:
+        """Put ``component`` to sleep without waking another (before a checkpoint, at the end).
+        Its ranks' ``sleep()`` runs even if it is asleep already: after ``group.replace(rank)``
+        the new process holds what its constructor allocated, and this releases it."""
+        self._time_shared(component)
+        self._sleep_all([component], None, Deadline.after(self.timeout if timeout is None else timeout))
+
+    def state(self, component: str) -> str:
+        """``awake``, ``asleep`` or ``unknown`` (its last hook failed); a component that shares no
+        device is always ``awake``."""
+        if component not in self.groups:
+            raise ValueError(f"time-sharing: no component {component!r} (it has {', '.join(self.groups)})")
+        return self._state.get(component, AWAKE)
+
+    @property
+    def awake(self) -> list[str]:
+        """The time-shared components awake now, in schedule order."""
+        return [name for name in self.time_shared if self._state[name] == AWAKE]
+
+    def close(self) -> None:
+        """Stop guarding the groups' calls (the workers stay as they are: a sleeping worker
+        still refuses its methods). Safe to call twice."""
+        for name, guard in self._guards.items():
+            if self.groups[name].call_guard is guard:
+                self.groups[name].call_guard = None
+        self._guards = {}
+
+    def __enter__(self) -> TimeSharing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------ figures
+    def summary(self) -> dict[str, float]:
+        """Over ``switches``: their count, and p50/p99/max of the total, sleep and wake seconds."""
+        figures: dict[str, float] = {"switches": float(len(self.switches))}
+        for field in ("total_s", "sleep_s", "wake_s"):
+            values = [getattr(switch, field) for switch in self.switches]
+            stem = field.removesuffix("_s")
+            figures[f"{stem}_p50_s"] = statistics.median(values) if values else 0.0
+            figures[f"{stem}_p99_s"] = percentile(values, 0.99) if values else 0.0
+            figures[f"{stem}_max_s"] = max(values, default=0.0)
+        return figures
+
+    def resident_bytes(self, component: str, timeout: float = 30.0) -> list[int]:
+        """Each running rank's resident set size now (bytes, rank order): on the CPU, its device
+        memory. Answered also by a busy or sleeping worker."""
+        group = self.groups.get(component)
+        if group is None or not issubclass(group.worker_cls, TimeShared):
+            raise TimeSharingError(f"time-sharing: {component!r} is not a TimeShared component here")
+        call = group.call(_READ_RESIDENT, action="reading its resident set size")
+        return list(call.wait(timeout, stuck_after=None))
+
+    # ---------------------------------------------------------------------------- internals
+    def _time_shared(self, component: str) -> None:
+        if component not in self._state:
+            self.state(component)  # raises for an unknown name
+            raise TimeSharingError(
+                f"time-sharing: component {component!r} shares no device with another component of "
+                f"this schedule ({', '.join(self.groups)}); it is always awake and never put to sleep"
+            )
+        if not self.groups[component].actors:
+            raise TimeSharingError(f"time-sharing: component {component!r} is shut down")
+
+    def _sleep_all(self, components: Sequence[str], target: str | None, deadline: Deadline) -> None:
+        """``sleep()`` on every rank of ``components`` at once; each is asleep once all its ranks
+        are, and unknown if any failed (the first failure, in schedule order, raises)."""
+        calls: list[tuple[str, GroupCall]] = []
+        for name in components:
+            self._state[name] = UNKNOWN
+            action = f"time-sharing sleep ({f'for {target!r}' if target else 'no one woken'})"
+            call = self.groups[name].call(TimeShared.rlinfra_timeshare_sleep, args=(target,), action=action)
+            calls.append((name, call))
+        failure: SwitchError | None = None
+        for name, call in calls:
+            try:  # after a failure the others are only collected if done: the error is not held back
+                due = deadline if failure is None else Deadline(0.0, deadline.limit_s)
+                seconds = self._finish(call, SLEEP, target, due)
+            except SwitchError as error:
+                failure = failure or error
+                continue
+            self._state[name] = ASLEEP
+            self.phases.append(Phase(name, SLEEP, seconds))
+        if failure is not None:
+            raise failure
+
+    def _wake_one(self, component: str, deadline: Deadline, told: Sequence[str]) -> None:
+        """``wake()`` on every rank of ``component``; meanwhile its sharers that were asleep
+        already (those not in ``told``) learn who is awake now, for their own refusals."""
+        self._state[component] = UNKNOWN
+        asleep = [name for name in self.time_shared if name in self.sharers[component] and name not in told]
+        notes = [
+            self.groups[name].call(
+                _NOTE_AWAKE,
+                args=(component,),
+                action=f"time-sharing: noting that {component!r} is awake",
+            )
+            for name in asleep
+            if self._state[name] == ASLEEP
+        ]
+        call = self.groups[component].call(TimeShared.rlinfra_timeshare_wake, action="time-sharing wake")
+        seconds = self._finish(call, WAKE, component, deadline)
+        self._state[component] = AWAKE
+        self.phases.append(Phase(component, WAKE, seconds))
+        for note in notes:
+            note.wait(deadline.left())
+
+    @staticmethod
+    def _finish(call: GroupCall, phase: str, target: str | None, deadline: Deadline) -> float:
+        try:
+            return max(call.wait(timeout=deadline.left()), default=0.0)
+        except WorkerGroupError as error:
+            raise SwitchError(error, phase, target, deadline.limit_s) from error
+
+    def _install_guards(self) -> None:
+        taken = [name for name in self.time_shared if self.groups[name].call_guard is not None]
+        if taken:
+            raise TimeSharingError(
+                f"time-sharing: component(s) {', '.join(map(repr, taken))} already have a call guard "
+                "(another TimeSharing schedule?); close that one first"
+            )
+        for name in self.time_shared:
+            guard = self.groups[name].call_guard = functools.partial(self._guard, name)
+            self._guards[name] = guard
+
+    def _guard(self, component: str, method: str, ranks: Sequence[int]) -> None:
+        """The group's ``call_guard``: refuse user calls into a component that is not awake, and
+        the hooks themselves (only the schedule calls them)."""
+        if not refused_while_asleep(method):
+            return
+        if method in (SLEEP, WAKE):
+            raise TimeSharingError(
+                f"time-sharing: {component}.{method}() is the schedule's to call, so that it knows who is "
+                f"awake; use schedule.wake({component!r}) (or schedule.sleep({component!r}))"
+            )
+        state = self._state[component]
+        if state == AWAKE:
+            return
+        holders = set().union(*(self._rank_sharers[(component, rank)] for rank in ranks))
+        awake = [name for name in self.time_shared if name in holders and self._state[name] == AWAKE]
+        nodes = [self.groups[component].node_rank_of(rank) for rank in ranks]
+        raise ComponentAsleepError(component, ranks, method, awake, nodes, state)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of ``values`` (``fraction`` in 0..1)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _by_name(groups: Mapping[str, WorkerGroup] | Iterable[WorkerGroup]) -> dict[str, WorkerGroup]:
+    """The groups by component name; a mapping's keys must be the groups' names."""
+    items = list(groups.items()) if isinstance(groups, Mapping) else [(g.name, g) for g in groups]
+    named: dict[str, WorkerGroup] = {}
+    for key, group in items:
+        if key != group.name:
+            raise ValueError(f"time-sharing: key {key!r} holds worker group {group.name!r}; use its name")
+        if key in named:
+            raise ValueError(f"time-sharing: component {key!r} is given twice")
+        named[key] = group
+    if not named:
+        raise ValueError("time-sharing needs the job's worker groups, e.g. TimeSharing([actor, rollout])")
+    return named
+
+
+def _launched(group: WorkerGroup) -> WorkerGroup:
+    if not group.actors:
+        raise TimeSharingError(
+            f"time-sharing: worker group {group.name!r} is not launched (call .launch first)"
+        )
+    return group
+
+
+def _sharers(
+    rank_devices: Mapping[tuple[str, int], frozenset[Device]],
+) -> dict[tuple[str, int], frozenset[str]]:
+    """(component, rank) → the other components with a rank on one of its devices (linear time)."""
+    holders: dict[Device, set[str]] = {}
+    for (name, _), devices in rank_devices.items():
+        for device in devices:
+            holders.setdefault(device, set()).add(name)
+    return {
+        (name, rank): frozenset(other for device in devices for other in holders[device] if other != name)
+        for (name, rank), devices in rank_devices.items()
+    }
+
+
+def _check_hooks(groups: Mapping[str, WorkerGroup]) -> None:
+    """Every time-sharing component's class is ``TimeShared`` and implements both hooks."""
+    problems = []
+    for name, group in groups.items():
+        cls = group.worker_cls
+        if not issubclass(cls, TimeShared):
+            defined = [hook for hook in (SLEEP, WAKE) if callable(getattr(cls, hook, None))]
+            missing = [hook for hook in (SLEEP, WAKE) if hook not in defined]
+            what = (
+                f"missing hook(s) {', '.join(f'{hook}()' for hook in missing)}"
+                if missing
+                else "has both hooks"
+            )
+            problems.append(f"component {name!r} ({cls.__name__}) is not a TimeShared worker ({what})")
+            continue
+        missing = [hook for hook in (SLEEP, WAKE) if getattr(cls, hook) is getattr(TimeShared, hook)]
+        if missing:
+            hooks = ", ".join(f"{hook}()" for hook in missing)
+            problems.append(f"component {name!r} ({cls.__name__}) is missing hook(s) {hooks}")
+    if problems:
+        raise TimeSharingError(
+            "time-sharing: components that share devices must take turns, but "
+            + "; ".join(problems)
+            + ". Derive their worker classes from rlinfra.runtime.timesharing.TimeShared and implement "
+            "sleep() (release device memory) and wake() (take it back)"
+        )
+
+
+__all__ = [
+    "ASLEEP",
+    "AWAKE",
+    "UNKNOWN",
+    "ComponentAsleepError",
+    "Deadline",
+    "Device",
+    "Phase",
+    "Switch",
+    "SwitchError",
+    "TimeShared",
+    "TimeSharing",
+    "TimeSharingError",
+    "devices_of",
+    "release_freed_memory",
+    "resident_set_bytes",
+]
