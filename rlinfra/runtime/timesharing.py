@@ -71,7 +71,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import ray
 
@@ -90,7 +90,8 @@ INTERNAL_PREFIX = "rlinfra_"  # rlinfra's own worker methods: never refused (but
 # sleeps with its parameters offloaded to the host, loads it into them there (``wake`` then takes
 # the new version to the device); a trainer asleep still exports its offloaded parameters. So a
 # colocated job stages (and even commits) the next version while the other component has its turn.
-SERVED_ASLEEP = ("weights_", "set_initial_weights")
+# An engine receiver's own hooks (``engine_state``, ``load_weights``) run inside those calls.
+SERVED_ASLEEP = ("weights_", "set_initial_weights", "engine_state", "load_weights")
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -179,6 +180,9 @@ class TimeShared(Worker):
     is defined (coroutines and generators by wrappers of their own kind).
     """
 
+    # After sleep(), collect reference cycles too: off for a worker whose sleep() frees its tensors
+    # by reference count (tensors are freed the moment their last reference goes).
+    collect_cycles_on_sleep: ClassVar[bool] = True
     _rlinfra_asleep: bool = False  # a constructed worker is awake until the schedule says otherwise
     _rlinfra_yielded_to: str | None = None  # the component it was put to sleep for
 
@@ -207,7 +211,7 @@ class TimeShared(Worker):
             self.sleep()  # may still call the worker's own methods: refused only once it is done
         finally:
             self._rlinfra_asleep, self._rlinfra_yielded_to = True, yielded_to
-        release_freed_memory()
+        release_freed_memory(self.collect_cycles_on_sleep)
         return time.perf_counter() - started
 
     def rlinfra_timeshare_wake(self) -> float:
@@ -242,7 +246,8 @@ class TimeShared(Worker):
         )
 
 
-_EXEMPT = frozenset(dir(TimeShared))  # Worker's and TimeShared's own names: hooks, log_info …
+# Worker's and TimeShared's own names (hooks, log_info …), and a fused worker's way to its roles.
+_EXEMPT = frozenset(dir(TimeShared)) | {"role_instance"}
 # Ray's stubs type @ray.method functions as remote methods; to WorkerGroup.call they are methods.
 _NOTE_AWAKE = cast(Callable[[TimeShared, str], None], TimeShared.rlinfra_timeshare_yielded)
 _READ_RESIDENT = cast(Callable[[TimeShared], int], TimeShared.rlinfra_resident_bytes)
@@ -318,14 +323,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def release_freed_memory() -> None:
+def release_freed_memory(collect_cycles: bool = True) -> None:
     """Return freed memory to the OS, so a sleeping worker's resident set shrinks.
 
     Freed blocks above glibc's mmap threshold (it grows up to 32 MiB) are unmapped at once; smaller
     ones stay in the C heap until ``malloc_trim`` gives back its free pages. ``gc.collect()`` first
-    frees objects kept only by reference cycles.
+    frees objects kept only by reference cycles (``collect_cycles``; in a process that imported
+    transformers one collection takes ~0.2 s, more than a small model's whole switch).
     """
-    gc.collect()
+    if collect_cycles:
+        gc.collect()
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
