@@ -16,16 +16,18 @@ from typer.testing import CliRunner
 from rlinfra.cli.config_loading import load_config
 from rlinfra.cli.main import app
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ppo_cartpole"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "ppo_cartpole"
 
 
-def job_config(name: str, *overrides: str) -> DictConfig:
-    return OmegaConf.merge(load_config(EXAMPLE / f"{name}.yaml"), OmegaConf.from_dotlist(list(overrides)))
+def job_config(name: str, *overrides: str, example: str = "ppo_cartpole") -> DictConfig:
+    path = EXAMPLES / example / f"{name}.yaml"
+    return OmegaConf.merge(load_config(path), OmegaConf.from_dotlist(list(overrides)))
 
 
-def planned_placements(name: str) -> dict[str, list[dict[str, Any]]]:
+def planned_placements(name: str, example: str = "ppo_cartpole") -> dict[str, list[dict[str, Any]]]:
     """What ``rlinfra plan --json`` says for the bundled config, without any cluster."""
-    out = CliRunner().invoke(app, ["plan", str(EXAMPLE / f"{name}.yaml"), "--json"])
+    out = CliRunner().invoke(app, ["plan", str(EXAMPLES / example / f"{name}.yaml"), "--json"])
     assert out.exit_code == 0, out.output
     plan = json.loads(out.output)
     return {name: component["placements"] for name, component in plan["components"].items()}

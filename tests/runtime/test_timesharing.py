@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import ray
 
-from rlinfra import Worker
+from rlinfra import Worker, fuse
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.timesharing import (
     ComponentAsleepError,
@@ -39,11 +39,11 @@ CFG = {
         "component_placement": {
             "actor,rollout": "0-1",
             "reward": "2",
-            "flaky,partner,probe,bare,half": "3",
+            "flaky,partner,probe,bare,half,fused,mate": "3",
         },
     }
 }
-COMPONENTS = ["actor", "rollout", "reward", "flaky", "partner", "probe", "bare", "half"]
+COMPONENTS = ["actor", "rollout", "reward", "flaky", "partner", "probe", "bare", "half", "fused", "mate"]
 
 
 class Toy(TimeShared):
@@ -82,6 +82,24 @@ class Toy(TimeShared):
 
     def set_mode(self, mode: str) -> None:
         self.mode = mode
+
+
+class Learner(Worker):
+    def step(self) -> str:
+        return "stepped"
+
+
+class FusedToy(TimeShared, fuse(learner=Learner)):  # type: ignore[misc]
+    """A fused worker (one role) that time-shares; ``weights_*`` methods work on host memory."""
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def weights_stage(self) -> str:
+        return "staged"
 
 
 class Bare(Worker):
@@ -289,3 +307,14 @@ def test_a_failing_or_hanging_sleep_names_component_and_rank_and_never_hangs(lau
         assert "rank 0 (node 0): no answer within" in message and "(still running)" in message
         assert "the switch's deadline: 1 s" in message
         assert schedule.state("flaky") == "unknown"
+
+
+def test_a_sleeping_fused_worker_refuses_its_roles_but_serves_weight_updates(launch, log_dir):
+    fused = launch(FusedToy, "fused")
+    mate = launch(Toy, "mate", 8, str(log_dir))
+    with TimeSharing([fused, mate], awake="mate", timeout=60) as schedule:
+        with pytest.raises(ComponentAsleepError, match=r"component 'fused' is asleep .* 'mate' is awake"):
+            fused.role("learner").step().wait(timeout=30)
+        assert fused.weights_stage().wait(timeout=30) == ["staged"]  # staging works on host memory
+        schedule.wake("fused")
+        assert fused.role("learner").step().wait(timeout=30) == ["stepped"]
