@@ -239,6 +239,6 @@ def test_an_engine_receiver_needs_one_host_copy_beyond_its_engine(launch):
     peak = engine.execute_on(0).memory_peak().wait(timeout=30)[0]
     expect_holding(engine, 3, width, layers)
     # the staging memory (one host copy, reused by every update) and the exchange's scratch (the
-    # largest tensor: a quarter of this model)
+    # largest bucket: here one tensor, a quarter of this model)
     extra = (peak - before) / model_bytes
     assert 0.9 < extra < 1.5, f"peak private memory beyond the engine: {extra:.2f} model copies"

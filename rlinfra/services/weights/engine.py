@@ -19,9 +19,9 @@ update filled. An ``EngineReceiver`` therefore works like this:
                                    weights (KV cache, prefix cache) before the gate opens
 
 Memory beyond the engine's own parameters: one host copy of the model (the staging memory, which
-the next update reuses) and a scratch buffer as large as the largest tensor, for the exchange. The
+the next update reuses) and a scratch buffer as large as the largest bucket, for the exchange. The
 pause does the loading and one hash of the engine's parameters: on a GPU engine that is a
-host-to-device copy and a device-to-host read per tensor, which is what a swap verified on what
+host-to-device copy and a device-to-host read per bucket, which is what a swap verified on what
 the engine serves costs.
 
 The engine implements two methods (and may override the third):
@@ -206,22 +206,21 @@ class EngineReceiver(WeightReceiver):
 
     # -------------------------------------------------------------------------- the exchange
     def _exchange(self, host: Buffers) -> None:
-        """Tensor by tensor: the engine's bytes to a scratch buffer, ``host``'s tensor into the
-        engine, the scratch into ``host``'s memory. Afterwards the engine holds what ``host`` held
-        and ``host`` what the engine held. The scratch, as large as the largest tensor, is kept
-        for the next exchange: a fresh temporary per tensor would leave freed memory resident
-        (glibc keeps it in the heap), so the receiver's footprint would creep above one copy."""
+        """Bucket by bucket: the engine's bytes to a scratch buffer, ``host``'s tensors into the
+        engine (one ``load_weights`` call per bucket), the scratch into ``host``'s memory.
+        Afterwards the engine holds what ``host`` held and ``host`` what the engine held. The
+        scratch, as large as the largest bucket, is kept for the next exchange: a fresh temporary
+        each time would leave freed memory resident (glibc keeps it in the heap), so the
+        receiver's footprint would creep above one copy."""
         engine = self.engine_state()
-        largest = max((entry.nbytes for spec in host.manifest.buckets for entry in spec.entries), default=0)
+        largest = max((spec.nbytes for spec in host.manifest.buckets), default=0)
         scratch = getattr(self, "_rlinfra_exchange_scratch", None)
         if scratch is None or scratch.nbytes < largest:
             scratch = self._rlinfra_exchange_scratch = np.empty(largest, dtype=np.uint8)
         for spec, bucket in zip(host.manifest.buckets, host.buckets, strict=True):
-            for entry in spec.entries:
-                held = scratch[: entry.nbytes]
-                np.copyto(held, buckets.as_numpy(engine[entry.name]).reshape(-1).view(np.uint8))
-                self.load_weights([(entry.name, host.tensors[entry.name])])
-                np.copyto(bucket[entry.offset : entry.offset + entry.nbytes], held)
+            held, _ = buckets.pack(engine, spec, out=scratch[: spec.nbytes], hashed=False)
+            self.load_weights([(entry.name, host.tensors[entry.name]) for entry in spec.entries])
+            np.copyto(bucket, held)
 
 
 __all__ = ["EngineReceiver", "EngineStagingError", "EngineWeights"]
