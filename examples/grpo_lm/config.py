@@ -1,0 +1,124 @@
+"""The GRPO job's own config sections, parsed once into typed records before Ray starts.
+
+``algo`` is ``GRPOConfig`` (every hyperparameter of the single-process GRPO, the same fields);
+``model`` says where the start checkpoint comes from; ``run`` where outputs go and how the job
+runs. All three are OmegaConf structured configs parsed by ``rlinfra.services.job_config`` (one
+``JobConfigError`` per mistake, named by key); ``cluster`` is rlinfra's. Every other top-level
+key is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from examples.grpo_lm.lm.config import GRPOConfig
+from rlinfra.services.job_config import JobConfigError, check_sections, parse_section, require
+from rlinfra.services.weights.barrier import TRANSPORTS
+
+COMPONENTS = ("actor", "ref", "rollout", "reward")  # ref is fused into the actor's processes
+# What only the model the job builds itself uses (with model.path they would be silently ignored).
+BUILT_LOCALLY = frozenset(
+    {"hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"}
+    | {f.name for f in dataclasses.fields(GRPOConfig) if f.name.startswith("warmup_")}
+)
+ENGINE_TRANSPORTS = ("object_store", "broadcast")  # an engine receiver stages in private host memory
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """``model``: ``path`` empty → the job builds the small Llama-style model and its warm-up
+    (supervised) start checkpoint once, cached under ``algo.cache_dir``; else a local Hugging Face
+    checkpoint directory (model + tokenizer) to start from."""
+
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """``run``: outputs, checkpoints, timeouts."""
+
+    entrypoint: str = "examples.grpo_lm.job:main"  # read by ``rlinfra run``, not by the job
+    output_dir: str = "outputs/grpo_lm"
+    checkpoint_every: int = 10  # iterations (updates)
+    transport: str = "object_store"  # weight-sync transport (engine receivers: object_store, broadcast)
+    call_timeout_s: float = 300.0
+    launch_timeout_s: float = 180.0
+    plot: bool = True
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class JobAlgo(GRPOConfig):
+    """``algo``: the single-process GRPO's fields, and how far generation may run ahead of
+    training: ``max_staleness: 1`` generates the next batch while the actor trains on this one
+    (disaggregated); ``0`` is strictly on-policy (colocated: the two take turns on the devices)."""
+
+    max_staleness: int = 1
+
+    def grpo(self) -> GRPOConfig:
+        """The fields the workers' GRPO code reads."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOConfig)}
+        return GRPOConfig(**fields)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    name: str
+    algo: JobAlgo
+    model: ModelSettings
+    run: RunSettings
+
+
+SECTIONS = ("cluster", "name", "algo", "model", "run")
+
+
+def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
+    """The whole config checked and typed: unknown sections refused, each section parsed."""
+    check_sections(cfg, SECTIONS)
+    algo = parse_section(JobAlgo, cfg, "algo")
+    require(algo.max_staleness in (0, 1), "algo.max_staleness", algo.max_staleness, "0 or 1")
+    require(algo.updates >= 1, "algo.updates", algo.updates, "at least 1")
+    require(
+        algo.group_size >= 2, "algo.group_size", algo.group_size, "at least 2 (the group is the baseline)"
+    )
+    require(algo.prompts_per_step >= 1, "algo.prompts_per_step", algo.prompts_per_step, "at least 1")
+    require(algo.eval_every >= 1, "algo.eval_every", algo.eval_every, "at least 1")
+    model = parse_section(ModelSettings, cfg, "model")
+    if model.path:
+        written = [str(key) for key in (cfg.get("algo") or {}) if str(key) in BUILT_LOCALLY]
+        if written:
+            raise JobConfigError(
+                f"algo.{written[0]}: shapes and warms up the model the job builds itself, but model.path "
+                f"({model.path}) gives the start checkpoint; remove one of them"
+            )
+    run = parse_section(RunSettings, cfg, "run")
+    require(run.checkpoint_every >= 1, "run.checkpoint_every", run.checkpoint_every, "at least 1")
+    require(run.transport in TRANSPORTS, "run.transport", run.transport, f"one of {TRANSPORTS}")
+    require(
+        run.transport in ENGINE_TRANSPORTS,
+        "run.transport",
+        run.transport,
+        f"one of {ENGINE_TRANSPORTS} (the engine stages a version in private host memory)",
+    )
+    for key in ("call_timeout_s", "launch_timeout_s"):
+        require(getattr(run, key) > 0, f"run.{key}", getattr(run, key), "a positive number")
+    return JobConfig(str(cfg.get("name") or ""), algo, model, run)
+
+
+def algo_dict(job: JobConfig) -> dict[str, Any]:
+    """What the workers are built from: the GRPO fields, as plain values."""
+    return dataclasses.asdict(job.algo.grpo())
+
+
+__all__ = [
+    "COMPONENTS",
+    "JobAlgo",
+    "JobConfig",
+    "JobConfigError",
+    "ModelSettings",
+    "RunSettings",
+    "parse_job_config",
+]

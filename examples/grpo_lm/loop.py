@@ -1,0 +1,342 @@
+"""The GRPO driver loop, top to bottom. One iteration with ``algo.max_staleness: 1`` (disaggregated):
+
+    wait for batch k              G completions per prompt, each stamped with the version v that made it
+    commit v+1 if staged          pause → load into the engines' parameters → verify there → resume
+    evaluate (every eval_every)   greedy held-out exact match, on the version now served
+    start batch k+1               on the newest weights; runs while the actor trains on batch k
+    score batch k                 the reward workers (``node`` group)
+    update on batch k             2 DDP ranks, KL against the fused reference; version → v+2
+    prepare v+2                   staged in the engines' host memory while batch k+1 is generated
+
+With ``max_staleness: 0`` (colocated: actor and engines share devices) there is no overlap: the
+engines generate, then sleep while the actor trains; the next version is staged and committed
+into the sleeping engines (weight updates work on host memory), and they wake for the next batch.
+
+Every batch id ends once (``BatchLedger``): trained, dropped (too stale) or lost (its engine died:
+the prompts are generated again under a new id, after the supervisor replaced the engine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from examples.grpo_lm.config import JobConfig
+from examples.grpo_lm.launch import Components
+from examples.grpo_lm.lm.rollout import sample_seed
+from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
+from examples.grpo_lm.workers import RewardWorker, RolloutWorker
+from rlinfra.runtime.calls import GroupCall
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.services.batches import BatchLedger
+from rlinfra.services.metrics import MetricsLog
+from rlinfra.services.supervisor import Recovery
+from rlinfra.services.weights import UpdateReport, WeightSync, WeightSyncError
+from rlinfra.services.weights.barrier import Prepared
+
+CHECKPOINTED = ("iteration", "training_s", "tokens", "generate_s", "curve", "warm_accuracy", "sampler_draws")
+
+
+@dataclass
+class DriverState:
+    """What the driver carries across iterations; ``CHECKPOINTED`` also across a resume."""
+
+    iteration: int = 0
+    training_s: float = 0.0  # from the first batch to the last update, across resumes
+    tokens: int = 0  # completion tokens generated (for tokens/s)
+    generate_s: float = 0.0  # engine time spent generating (summed over engines' calls)
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (iteration, time_s, accuracy)
+    warm_accuracy: float | None = None  # held-out accuracy of the start checkpoint
+    sampler_draws: int = 0  # prompts drawn so far (a resumed run continues the same stream)
+    served_versions: list[int] = field(default_factory=list)
+    batch_versions: list[list[int]] = field(default_factory=list)  # per iteration, per engine
+    dropped_batches: int = 0
+    ledger: BatchLedger = field(default_factory=BatchLedger)
+    recoveries: list[Recovery] = field(default_factory=list)
+
+    @classmethod
+    def restore(cls, saved: dict[str, Any] | None) -> DriverState:
+        saved = dict(saved or {})
+        saved["curve"] = [tuple(point) for point in saved.get("curve", [])]
+        return cls(**saved)
+
+    def checkpointed(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in CHECKPOINTED}
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.curve[-1][2] if self.curve else None
+
+
+class TrainingLoop:
+    """Batches in, one GRPO update per iteration, new weights out; yields each iteration's record."""
+
+    def __init__(
+        self,
+        live: Components,
+        sync: WeightSync,
+        job: JobConfig,
+        state: DriverState,
+        log: MetricsLog,
+        save_checkpoint: Callable[[bytes, dict[str, Any]], None],
+    ) -> None:
+        self.live, self.sync, self.job, self.state, self.log = live, sync, job, state, log
+        self.algo = job.algo
+        self.save_checkpoint = save_checkpoint
+        self.overlap = self.algo.max_staleness >= 1
+        self.sampler = PromptSampler(self.algo.seed)
+        self.sampler.sample(state.sampler_draws)  # a resumed run continues the prompt stream
+        self.heldout = heldout_prompts(self.algo.eval_size)
+        self.staged_version: int | None = None
+        self.generating: dict[int, str] = {}  # engine rank -> id of the batch it is making
+        self.prompts: dict[int, list[str]] = {}  # engine rank -> its prompts of the batch in flight
+        self.pending: GroupCall | None = None
+        self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}
+        state.served_versions.append(sync.version)
+
+    @property
+    def learner_version(self) -> int:
+        return self.staged_version if self.staged_version is not None else self.sync.version
+
+    @property
+    def target(self) -> float | None:
+        warm = self.state.warm_accuracy
+        return None if warm is None else warm + self.algo.target_gain
+
+    def iterations(self) -> Iterator[dict[str, Any]]:
+        state = self.state
+        if state.warm_accuracy is None:
+            _, accuracy = self._evaluate()
+            state.warm_accuracy = accuracy
+            state.curve.append((0, 0.0, accuracy))
+        self.clock = time.perf_counter()
+        self.pending = self._start_generate()
+        while state.iteration < self.algo.updates:
+            record = self._iteration()
+            yield record
+            if self.algo.stop_at_target and record.get("accuracy") is not None and self._reached():
+                return
+
+    def _reached(self) -> bool:
+        target, accuracy = self.target, self.state.accuracy
+        return target is not None and accuracy is not None and accuracy >= target
+
+    def _iteration(self) -> dict[str, Any]:
+        state, algo = self.state, self.algo
+        batches, generate_s = _timed(self._finish_generate, self.pending)
+        self.pending = None
+        self._commit_staged()
+        evaluated = (state.iteration + 1) % algo.eval_every == 0 or state.iteration + 1 == algo.updates
+        more = state.iteration + 1 < algo.updates
+        if self.overlap and more:
+            self.pending = self._start_generate()  # on the newest weights, while the actor trains
+        switch_s = self._turn("actor")
+        learned, train_s = _timed(self._learn, batches)
+        state.iteration += 1
+        self._checkpoint_if_due()  # while the actor is awake (colocated: before the engines' turn)
+        switch_s += self._turn("rollout")
+        if not self.overlap:
+            self._commit_staged()  # into the engines, before they generate again
+        accuracy = self._evaluate()[1] if evaluated else None
+        now = time.perf_counter()
+        state.training_s += now - self.clock
+        self.clock = now
+        if accuracy is not None:
+            state.curve.append((state.iteration, round(state.training_s, 3), accuracy))
+        if not self.overlap and more:
+            self.pending = self._start_generate()
+        record = self._record(learned, accuracy, generate_s, train_s, switch_s, batches)
+        self.log.write(record)
+        return record
+
+    # ------------------------------------------------------------------------- generation
+    def _start_generate(self, ranks: list[int] | None = None) -> GroupCall:
+        """Every engine (or ``ranks``, again) generates for its share of the prompts, under a new id."""
+        rollout, per_engine = self.live.rollout, self.algo.prompts_per_step // len(self.live.rollout.ranks)
+        chosen = rollout.ranks if ranks is None else ranks
+        for rank in chosen:
+            if ranks is None:  # a fresh batch; a retry keeps the prompts it had
+                self.prompts[rank] = self.sampler.sample(per_engine)
+                self.state.sampler_draws += per_engine
+            self.generating[rank] = self.state.ledger.issue(f"rollout:{rank}")
+        seeds = [sample_seed(self.algo.seed, self.state.sampler_draws * 1_000 + rank) for rank in chosen]
+        return rollout.call(
+            RolloutWorker.generate,
+            chosen,
+            per_rank=[(self.prompts[r], s) for r, s in zip(chosen, seeds, strict=True)],
+        )
+
+    def _finish_generate(self, pending: GroupCall) -> dict[int, dict[str, Any]]:
+        """Every engine's batch. One cut short by a dead engine is lost: the engine is replaced
+        (and admitted at the served version) and its prompts generated again under a new id."""
+        done: dict[int, dict[str, Any]] = {}
+        calls = [pending]
+        while calls:
+            call = calls.pop()
+            try:
+                done.update(zip(call.ranks, call.wait(), strict=True))
+            except WorkerGroupError as error:
+                done.update(error.results)
+                self.state.ledger.lost(self.generating[rank] for rank in error.failed_ranks)
+                self._heal(error)
+                if error.pending:
+                    calls.append(call.subset(error.pending))
+                calls.append(self._start_generate(error.failed_ranks))
+        for rank, batch in done.items():
+            batch["batch_id"] = self.generating[rank]
+        return dict(sorted(done.items()))
+
+    def _evaluate(self) -> tuple[int, float]:
+        """Greedy held-out exact match on engine 0, at the version it serves."""
+        return self._supervised(lambda: self.live.rollout.execute_on(0).evaluate(self.heldout).wait()[0])
+
+    # ----------------------------------------------------------------------------- training
+    def _learn(self, batches: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """Drop batches older than ``max_staleness``, score the rest, update, stage the new version."""
+        state, learner = self.state, self.learner_version
+        for rank, batch in batches.items():  # the engine stamps every sequence; one version per batch
+            stamped = {completion.weight_version for completion in batch["completions"]}
+            if stamped != {batch["version"]}:
+                raise RuntimeError(
+                    f"rollout:{rank} returned sequences of versions {sorted(stamped)} in one batch"
+                )
+        versions = [batch["version"] for batch in batches.values()]
+        state.batch_versions.append(versions)
+        fresh = [b for b in batches.values() if learner - b["version"] <= self.algo.max_staleness]
+        stale = [b for b in batches.values() if learner - b["version"] > self.algo.max_staleness]
+        state.ledger.dropped(b["batch_id"] for b in stale)
+        state.dropped_batches += len(stale)
+        learned: dict[str, Any] = {"batch_version": min(versions), "staleness": learner - min(versions)}
+        if not fresh:
+            return learned
+        completions = [c for batch in fresh for c in batch["completions"]]
+        rewards = self._score(completions)
+        metrics = self._on_trainer(
+            lambda: self.live.policy.role("actor").update(completions, rewards).wait()[0]
+        )
+        state.ledger.trained([b["batch_id"] for b in fresh], iteration=state.iteration + 1)
+        state.tokens += sum(b["tokens"] for b in fresh)
+        self._stage(int(metrics.pop("weight_version")))
+        learned["reward_mean"] = round(sum(rewards) / len(rewards), 4)
+        return learned | {key: round(value, 5) for key, value in metrics.items()}
+
+    def _score(self, completions: list[Any]) -> list[float]:
+        """The reward workers score the completions, split evenly among them."""
+        reward = self.live.reward
+
+        def score() -> list[float]:
+            ranks = reward.ranks
+            shares = [completions[i :: len(ranks)] for i in range(len(ranks))]
+            scored = reward.call(RewardWorker.score, ranks, per_rank=[(share,) for share in shares]).wait()
+            rewards = [0.0] * len(completions)
+            for i, values in enumerate(scored):
+                rewards[i :: len(ranks)] = values
+            return rewards
+
+        return self._supervised(score)
+
+    # ------------------------------------------------------------------------------ weights
+    def _stage(self, version: int) -> None:
+        sync = self.sync
+
+        def prepare() -> Prepared:
+            staged = sync.staged
+            return staged if staged is not None and staged.version == version else sync.prepare(version)
+
+        self.sync_s["prepare_s"] = self._supervised(prepare).prepare_s
+        self.staged_version = version
+
+    def _commit_staged(self) -> None:
+        version = self.staged_version
+        if version is None:
+            return
+        sync = self.sync
+
+        def commit() -> UpdateReport:
+            staged = sync.staged if sync.staged is not None and sync.staged.version == version else None
+            return sync.commit(staged or sync.prepare(version))
+
+        report = self._supervised(commit)
+        self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
+        self.state.served_versions.append(sync.version)
+        self.staged_version = None
+
+    def _turn(self, component: str) -> float:
+        """Give ``component`` the shared devices (colocated); the switch's seconds, else 0."""
+        turns = self.live.turns
+        if turns is None:
+            return 0.0
+        switch = turns.wake(component)
+        return switch.total_s if switch is not None else 0.0
+
+    # -------------------------------------------------------------------------- supervision
+    def _supervised(self, step: Callable[[], Any]) -> Any:
+        """``step()``, again after replacing whoever died during it (bounded by restart budgets)."""
+        while True:
+            try:
+                return step()
+            except (WorkerGroupError, WeightSyncError) as error:
+                self._heal(error)
+
+    def _heal(self, error: BaseException) -> None:
+        supervisor = self.live.supervisor
+        if supervisor is None:
+            raise error
+        self.state.recoveries.append(supervisor.heal(error))
+        if self.live.turns is not None:  # a replaced engine comes up awake: back to the schedule's state
+            with contextlib.suppress(ValueError):
+                if self.live.turns.state("rollout") != "awake":
+                    self.live.turns.sleep("rollout")
+
+    def _on_trainer(self, call: Callable[[], Any]) -> Any:
+        """A call on the trainer, never retried (an update may have half-happened)."""
+        try:
+            return call()
+        except WorkerGroupError as error:
+            self._heal(error)  # raises UnsupervisedLoss for the trainer, or the error itself
+            raise
+
+    # ------------------------------------------------------------------------------ records
+    def _record(
+        self,
+        learned: dict[str, Any],
+        accuracy: float | None,
+        generate_s: float,
+        train_s: float,
+        switch_s: float,
+        batches: dict[int, dict[str, Any]],
+    ) -> dict[str, Any]:
+        state = self.state
+        tokens = sum(b["tokens"] for b in batches.values())
+        engine_s = max(b["seconds"] for b in batches.values())  # the engines generate side by side
+        pause_s = self.sync_s["pause_s"]
+        return {
+            "iteration": state.iteration,
+            "time_s": round(state.training_s, 3),
+            "accuracy": accuracy,
+            "learner_version": self.learner_version,
+            "served_version": self.sync.version,
+            "generate_s": round(generate_s, 4),
+            "train_s": round(train_s, 4),
+            "tokens_per_s": round(tokens / max(engine_s, 1e-9), 1),  # the engines' own clock
+            "prepare_s": round(self.sync_s["prepare_s"], 5),
+            "pause_s": round(pause_s, 5),
+            "held_s": round(self.sync_s["held_s"], 5),
+            "pause_fraction": round(pause_s / max(train_s, 1e-9), 5),
+            "switch_s": round(switch_s, 5),
+        } | learned
+
+    def _checkpoint_if_due(self) -> None:
+        """Every ``checkpoint_every`` iterations and at the last: the actor's state and the driver's."""
+        iteration = self.state.iteration
+        if iteration % self.job.run.checkpoint_every == 0 or iteration == self.algo.updates:
+            actor_state = self._on_trainer(lambda: self.live.policy.role("actor").checkpoint().wait()[0])
+            self.save_checkpoint(actor_state, self.state.checkpointed())
+
+
+def _timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    started = time.perf_counter()
+    return call(*args), time.perf_counter() - started
