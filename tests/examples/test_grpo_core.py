@@ -10,11 +10,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from transformers import LlamaForCausalLM
 
 from examples.grpo_lm.lm import task, warmup
 from examples.grpo_lm.lm.config import GRPOConfig
 from examples.grpo_lm.lm.engine import Completion, GenerationEngine
-from examples.grpo_lm.lm.grpo import collate, completion_logprobs, group_advantages, grpo_loss
+from examples.grpo_lm.lm.grpo import (
+    CompletionBatch,
+    collate,
+    completion_logprobs,
+    group_advantages,
+    grpo_loss,
+)
 from examples.grpo_lm.lm.learner import Learner
 from examples.grpo_lm.lm.model import (
     ModelConfig,
@@ -152,7 +159,7 @@ def test_learner_logprobs_equal_a_full_forward(model, tok) -> None:
         torch.testing.assert_close(completion_logprobs(model, sub), logprobs[[1, 9, 10]] * 1.0)
 
 
-def _force_eos_at(model: nn.Module, tok, stop_after: list[int]) -> list[int]:
+def _force_eos_at(model: LlamaForCausalLM, tok, stop_after: list[int]) -> list[int]:
     """Hook the lm_head: row r emits <eos> exactly at generation step stop_after[r] (never, if larger
     than max_new_tokens) and never before, and the model never samples <pad> itself, so any pad in a
     completion would be the engine's. Returns the call counter (one call per generation step)."""
@@ -259,7 +266,7 @@ def test_group_advantages_are_zero_mean_per_group() -> None:
         group_advantages(rewards, group_size=5)
 
 
-def _two_completions(model: nn.Module, tok) -> tuple[list[Completion], object]:
+def _two_completions(model: LlamaForCausalLM, tok) -> tuple[list[Completion], CompletionBatch]:
     completions = GenerationEngine(model, tok).generate(["23+45="], 2, 4, seed=0)
     return completions, collate(completions, tok.pad_token_id)
 
@@ -288,6 +295,7 @@ def test_clipping_zeroes_gradient_only_where_the_min_picks_the_clipped_term() ->
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     out = grpo_loss(new, old, new.detach(), adv, mask, clip_eps=0.2, kl_coef=0.0)
     out.total.backward()
+    assert new.grad is not None
     grad = new.grad.squeeze(-1)
     assert grad[0] == 0 and grad[3] == 0  # ratio already past the clip in the advantage's direction
     assert grad[1] > 0 and grad[2] < 0  # the pessimistic bound still pulls the other two back
@@ -361,7 +369,10 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
 
 
 def test_learner_keeps_ddp_replicas_identical(tmp_path: Path) -> None:
-    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    # fork, not spawn: the children inherit the imported torch and transformers instead of paying ~8 s
+    # each to import them again.
+    args = (2, str(tmp_path / "init"), str(tmp_path))
+    mp.start_processes(_ddp_worker, args=args, nprocs=2, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for name, tensor in ranks[0]["after"].items():
         assert torch.equal(ranks[0]["before"][name], ranks[1]["before"][name])  # rank 0's weights won

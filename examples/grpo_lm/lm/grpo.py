@@ -37,6 +37,16 @@ class CompletionBatch:
     def __len__(self) -> int:
         return int(self.completion_ids.shape[0])
 
+    def to(self, device: torch.device | str) -> CompletionBatch:
+        return CompletionBatch(
+            self.prompt_ids.to(device),
+            self.prompt_mask.to(device),
+            self.group_index.to(device),
+            self.completion_ids.to(device),
+            self.mask.to(device),
+            self.old_logprobs.to(device),
+        )
+
     def select(self, rows: torch.Tensor | slice) -> CompletionBatch:
         """A subset of the rows, keeping only the prompts they use."""
         group_index = self.group_index[rows]
@@ -139,11 +149,12 @@ def completion_logprobs(model: nn.Module, batch: CompletionBatch, temperature: f
 
 
 class CompletionScorer(nn.Module):
-    """``completion_logprobs`` as one module call, which is what DistributedDataParallel must wrap.
+    """``completion_logprobs`` as one module call: what DistributedDataParallel wraps.
 
-    The prefix-shared scorer runs the policy twice (prompts, then completions); two calls of a DDP
-    module before one backward would each arm the gradient reducer, so DDP wraps this instead and sees
-    a single forward. Holds no parameters of its own: ``policy`` is the trained model itself.
+    The prefix-shared scorer runs the policy twice (prompts, then completions). DDP's contract is one
+    forward per backward, and the scorer needs the policy's own ``forward`` signature and ``config``
+    (which a DDP wrapper hides), so DDP wraps this module and the policy inside it stays a plain
+    Hugging Face model. Holds no parameters of its own: ``policy`` is the trained model itself.
     """
 
     def __init__(self, policy: nn.Module, temperature: float = 1.0) -> None:

@@ -98,8 +98,9 @@ class Learner:
             group["lr"] = lr
         if len(completions) != len(rewards):
             raise ValueError(f"{len(completions)} completions but {len(rewards)} rewards")
-        advantages = group_advantages(rewards, cfg.group_size)
-        batch, adv = self.shard(collate(completions, self.pad_id), advantages)
+        device = next(self.policy.parameters()).device
+        advantages = group_advantages(rewards, cfg.group_size).to(device)
+        batch, adv = self.shard(collate(completions, self.pad_id).to(device), advantages)
         rows = len(batch)
         informative = float((adv != 0).float().mean()) if rows else 0.0
         if cfg.kl_coef == 0:
@@ -132,7 +133,7 @@ class Learner:
         0 anyway) so that every DDP rank runs a backward and the gradient all-reduce cannot hang."""
         keep = (adv != 0).nonzero().squeeze(-1)
         if keep.numel() == 0:
-            keep = torch.zeros(1, dtype=torch.long)
+            keep = torch.zeros(1, dtype=torch.long, device=adv.device)
         return batch.select(keep), adv[keep]
 
     def _step(
@@ -157,7 +158,7 @@ class Learner:
         grad_norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         self.optimizer.step()
         parts = (out.total, out.policy, out.kl, out.clip_frac, out.ratio_mean, grad_norm)
-        return torch.stack([p.detach().float() for p in parts])
+        return torch.stack([p.detach().float() for p in parts]).cpu()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Detached CPU copies of the policy weights: what gets published to rollout engines."""
@@ -166,6 +167,9 @@ class Learner:
     def _average_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """Metrics from one rank describe only its shard; averaging makes the logged numbers global."""
         if self.world_size > 1:
+            # NCCL reduces device tensors only; gloo takes the CPU tensor as it is.
+            device = next(self.policy.parameters()).device if dist.get_backend() == "nccl" else "cpu"
+            values = values.to(device)
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
-            values /= self.world_size
+            values = values.cpu() / self.world_size
         return values
