@@ -24,6 +24,7 @@ really release memory. The last line printed is one JSON object with every figur
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -44,7 +45,16 @@ from examples.grpo_lm.lm.model import load_pretrained  # noqa: E402
 from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
 from examples.grpo_lm.lm.train_local import train  # noqa: E402
 from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
+from rlinfra.cli.config_loading import load_config  # noqa: E402
 from rlinfra.services.metrics import read_metrics  # noqa: E402
+
+
+def job_config(path: Path) -> dict[str, Any]:
+    """The ``algo`` section of a bundled config, as plain values."""
+    from omegaconf import OmegaConf
+
+    return dict(OmegaConf.to_container(load_config(path)["algo"]))  # type: ignore[arg-type]
+
 
 LAYOUTS = ("disaggregated", "colocated")
 GOAL_S = 600.0
@@ -148,7 +158,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    config = GRPOConfig(seed=args.seed, stop_at_target=True)
+    # The bundled configs' algo settings (kl_coef, updates: the lr decay's length), in one process.
+    bundled = job_config(ROOT / "examples" / "grpo_lm" / "disaggregated.yaml")
+    overrides = {k: v for k, v in bundled.items() if k in {f.name for f in dataclasses.fields(GRPOConfig)}}
+    config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
     rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
     with tempfile.TemporaryDirectory() as folder:
         for name in LAYOUTS:
