@@ -2,15 +2,17 @@
 
     wait for batch k              G completions per prompt, each stamped with the version v that made it
     commit v+1 if staged          pause → load into the engines' parameters → verify there → resume
-    evaluate (every eval_every)   greedy held-out exact match, on the version now served
     start batch k+1               on the newest weights; runs while the actor trains on batch k
     score batch k                 the reward workers (``node`` group)
     update on batch k             2 DDP ranks, KL against the fused reference; version → v+2
     prepare v+2                   staged in the engines' host memory while batch k+1 is generated
+    evaluate (every eval_every)   greedy held-out exact match on engine 0, at the version it serves
+                                  (v+1 here; it waits for engine 0's share of batch k+1)
 
 With ``max_staleness: 0`` (colocated: actor and engines share devices) there is no overlap: the
 engines generate, then sleep while the actor trains; the next version is staged and committed
-into the sleeping engines (weight updates work on host memory), and they wake for the next batch.
+into the sleeping engines (weight updates work on host memory), and they wake, are evaluated on
+that version when due, and generate the next batch.
 
 Every batch id ends once (``BatchLedger``): trained, dropped (too stale) or lost (its engine died:
 the prompts are generated again under a new id, after the supervisor replaced the engine).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -165,6 +166,9 @@ class RolloutWorker(EngineReceiver, TimeShared):
         torch.set_num_threads(self.config.num_threads)
         model, tokenizer = load_pretrained(start_path)
         self.engine = GenerationEngine(model, tokenizer)
+        # One generation at a time: the second thread stages weights, but an evaluation may
+        # arrive while a batch is still being generated (disaggregated: they overlap).
+        self.engine_lock = threading.Lock()
 
     # ---------------------------------------------------------------- EngineReceiver's hooks
     def engine_state(self) -> Mapping[str, torch.Tensor]:
@@ -181,7 +185,7 @@ class RolloutWorker(EngineReceiver, TimeShared):
         """G completions per prompt, each stamped with the version that made it (one per call)."""
         cfg = self.config
         started = time.perf_counter()
-        with self.serving() as weights:
+        with self.engine_lock, self.serving() as weights:
             completions = self.engine.generate(
                 prompts, cfg.group_size, cfg.max_new_tokens, temperature=cfg.temperature, seed=seed
             )
@@ -199,7 +203,7 @@ class RolloutWorker(EngineReceiver, TimeShared):
 
     def evaluate(self, prompts: Sequence[str]) -> tuple[int, float]:
         """Greedy held-out exact match at the serving version: (version, accuracy)."""
-        with self.serving() as weights:
+        with self.engine_lock, self.serving() as weights:
             return weights.version, evaluate(self.engine, prompts, self.config.max_new_tokens)
 
     def sleep(self) -> None:
