@@ -38,7 +38,7 @@ from rlinfra.runtime.supervision import SupervisionError
 from rlinfra.runtime.timesharing import TimeSharingError
 from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.services.failure_report import FailureReport
-from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, read_metrics
+from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog
 from rlinfra.services.signals import CtrlC, sigint_ignored
 from rlinfra.services.supervisor import UnsupervisedLoss
 from rlinfra.services.weights import WeightSyncError
@@ -327,4 +327,4 @@ def _plot(job: JobConfig, output: Path, state: DriverState) -> Path | None:
     return path
 
 
-__all__ = ["JobResult", "main", "read_metrics", "run"]
+__all__ = ["JobResult", "main", "run"]
