@@ -36,8 +36,7 @@ from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.services.batches import BatchLedger
 from rlinfra.services.metrics import MetricsLog
 from rlinfra.services.supervisor import Recovery
-from rlinfra.services.weights import UpdateReport, WeightSync, WeightSyncError
-from rlinfra.services.weights.barrier import Prepared
+from rlinfra.services.weights import WeightSync, WeightSyncError
 
 CHECKPOINTED = ("iteration", "training_s", "tokens", "generate_s", "curve", "warm_accuracy", "sampler_draws")
 
@@ -242,28 +241,16 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------------------ weights
     def _stage(self, version: int) -> None:
-        sync = self.sync
-
-        def prepare() -> Prepared:
-            staged = sync.staged
-            return staged if staged is not None and staged.version == version else sync.prepare(version)
-
-        self.sync_s["prepare_s"] = self._supervised(prepare).prepare_s
+        self.sync_s["prepare_s"] = self._supervised(lambda: self.sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
 
     def _commit_staged(self) -> None:
         version = self.staged_version
         if version is None:
             return
-        sync = self.sync
-
-        def commit() -> UpdateReport:
-            staged = sync.staged if sync.staged is not None and sync.staged.version == version else None
-            return sync.commit(staged or sync.prepare(version))
-
-        report = self._supervised(commit)
+        report = self._supervised(lambda: self.sync.commit_version(version))
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
-        self.state.served_versions.append(sync.version)
+        self.state.served_versions.append(self.sync.version)
         self.staged_version = None
 
     def _turn(self, component: str) -> float:

@@ -35,8 +35,7 @@ from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.services.signals import CtrlC
 from rlinfra.services.supervisor import Supervisor, UnsupervisedLoss
-from rlinfra.services.weights import Stamped, UpdateReport, WeightSync, WeightSyncError, filter_stale
-from rlinfra.services.weights.barrier import Prepared
+from rlinfra.services.weights import Stamped, WeightSync, WeightSyncError, filter_stale
 
 
 def train(
@@ -251,26 +250,14 @@ class TrainingLoop:
         version = self.staged_version
         if version is None:
             return
-        sync = self.sync
-
-        def commit() -> UpdateReport:
-            staged = sync.staged if sync.staged is not None and sync.staged.version == version else None
-            return sync.commit(staged or sync.prepare(version))
-
-        report = self._supervised(commit)
+        report = self._supervised(lambda: self.sync.commit_version(version))
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
-        self.state.served_versions.append(sync.version)
+        self.state.served_versions.append(self.sync.version)
         self.staged_version = None
 
     def _stage(self, version: int) -> None:
         """Stage ``version`` on every rollout worker while the env workers keep generating."""
-        sync = self.sync
-
-        def prepare() -> Prepared:
-            staged = sync.staged
-            return staged if staged is not None and staged.version == version else sync.prepare(version)
-
-        self.sync_s["prepare_s"] = self._supervised(prepare).prepare_s
+        self.sync_s["prepare_s"] = self._supervised(lambda: self.sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
 
     def _supervised(self, step: Callable[[], Any]) -> Any:

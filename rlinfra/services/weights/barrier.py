@@ -168,6 +168,16 @@ class WeightSync:
         report.total_s = time.perf_counter() - started
         return report
 
+    def staged_or_prepare(self, version: int) -> Prepared:
+        """``version`` staged on every receiver: what is staged already, if it is that version
+        (a retry after a replacement finds it re-staged), else ``prepare(version)``."""
+        staged = self.staged
+        return staged if staged is not None and staged.version == version else self.prepare(version)
+
+    def commit_version(self, version: int) -> UpdateReport:
+        """Commit ``version``, preparing it first if nothing of it is staged (a replacement dropped it)."""
+        return self.commit(self.staged_or_prepare(version))
+
     def prepare(self, version: int) -> Prepared:
         """Stage ``version`` into every receiver's shadow buffer while generation continues."""
         if version <= self.version:
