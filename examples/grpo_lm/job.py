@@ -175,7 +175,8 @@ def run(
         def save(actor_state: bytes, driver_state: dict[str, Any]) -> None:
             store.save(int(driver_state["iteration"]), {"actor": actor_state}, driver_state)
 
-        loop = TrainingLoop(live, sync, job, state, log, save)
+        resumed_from = (checkpoint.payloads["actor"], checkpoint.state) if checkpoint else None
+        loop = TrainingLoop(live, sync, job, state, log, save, resumed_from)
         with ctrl_c.watching(), _progress(console, job.algo.updates, state.iteration) as show:
             for record in loop.iterations():
                 show(record)
@@ -188,7 +189,7 @@ def run(
         result.interrupted = True
     except Exception as error:
         if live is not None and live.supervisor is not None:  # launched: the run failed, report it
-            report = _failure_report(error, live, sync, state, store)
+            report = _failure_report(error, live, sync, state, output)
             report.write(output)
             error.add_note(report.render())
         raise
@@ -219,18 +220,13 @@ def _start_checkpoint(job: JobConfig, console: Console) -> str:
 
 
 def _failure_report(
-    error: BaseException, live: Components, sync: Any, state: DriverState, store: CheckpointStore
+    error: BaseException, live: Components, sync: Any, state: DriverState, output: Path
 ) -> FailureReport:
-    saved = store.load_latest()
-    checkpoint = {"iteration": saved.step, "path": str(saved.path)} if saved is not None else None
-    resume = (
-        f"the same command with --resume (continues from {saved.path})"
-        if saved is not None
-        else "the same command, without --resume (no checkpoint was written)"
-    )
-    attempts = live.supervisor.restarts if live.supervisor is not None else []
+    """What failed, what was tried, what is safe and how to go on (printed, and ``failure.json``)."""
+    supervisor = live.supervisor
+    attempts = [*(supervisor.restarts if supervisor is not None else []), *state.trainer_restarts]
     version = sync.version if sync is not None else None
-    return FailureReport.of(error, attempts, version, checkpoint, resume, {"batches": state.ledger.summary()})
+    return FailureReport.of_run(error, output, attempts, version, {"batches": state.ledger.summary()})
 
 
 def _progress(console: Console, total: int, done: int) -> Any:

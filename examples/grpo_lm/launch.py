@@ -10,7 +10,6 @@ schedule that gives them turns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +17,12 @@ from examples.grpo_lm.config import JobConfig, JobConfigError, algo_dict
 from examples.grpo_lm.workers import Policy, RewardWorker, RolloutWorker
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
+from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.rendezvous import bring_up
 from rlinfra.runtime.supervision import RestartBudget
 from rlinfra.runtime.timesharing import TimeSharing
+from rlinfra.services.recovery import StartTrainer
 from rlinfra.services.supervisor import Supervisor
 from rlinfra.services.weights import WeightSync
 
@@ -38,7 +39,7 @@ class Components:
     reward: Any = None
     supervisor: Supervisor | None = None
     turns: TimeSharing | None = None  # when actor and rollout share devices
-    start_trainer: Callable[..., int] | None = None
+    start_trainer: StartTrainer | None = None
     trainer_budget: RestartBudget | None = None
 
     def shutdown(self) -> None:
@@ -88,18 +89,21 @@ def launch(
         cluster, placement.get_strategy("reward"), name="reward", **options
     )
 
-    def start_trainer(checkpoint: bytes | None, publish_above: int | None = None) -> int:
+    def start_trainer(checkpoint: bytes | None, publish_above: int | None) -> tuple[WorkerGroup, int]:
         """The policy group (actor + ref), its process group and learner; again, into the same
-        bundles, when the trainer is restarted. Returns its weight version."""
+        bundles, when the trainer is restarted. Returns it and its weight version."""
         live.policy = Policy.create_group(actor=(algo, start_path), ref=(algo, start_path)).launch(
             cluster, placement.get_strategy("actor"), name="actor", **options
         )
         bring_up(live.policy, backend="gloo")
-        return live.policy.setup(checkpoint, publish_above).wait()[0]
+        version = live.policy.setup(checkpoint, publish_above).wait()[0]
+        if live.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
+            live.turns.rejoin(live.policy)
+        return live.policy, version
 
     live.start_trainer = start_trainer
     live.trainer_budget = RestartBudget(placement.get_strategy("actor").restart)
-    version = start_trainer(actor_checkpoint)
+    _, version = start_trainer(actor_checkpoint, None)
     # Two threads: one generates, the other stages the next version beside it.
     live.rollout = RolloutWorker.create_group(algo, start_path).launch(
         cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2, **options

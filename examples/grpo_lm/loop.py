@@ -14,8 +14,10 @@ engines generate, then sleep while the actor trains; the next version is staged 
 into the sleeping engines (weight updates work on host memory), and they wake, are evaluated on
 that version when due, and generate the next batch.
 
-Every batch id ends once (``BatchLedger``): trained, dropped (too stale) or lost (its engine died:
-the prompts are generated again under a new id, after the supervisor replaced the engine).
+Every batch id ends once (``BatchLedger``): trained, dropped (too stale), lost (its engine died:
+the prompts are generated again under a new id, after the supervisor replaced the engine) or
+rolled back (a trainer rank died: the trainer is restarted from the last checkpoint, the driver
+rewound to it, and the updates since are redone on the same prompts).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
 from examples.grpo_lm.workers import RewardWorker, RolloutWorker
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.supervision import Restart
 from rlinfra.services.batches import BatchLedger
 from rlinfra.services.metrics import MetricsLog
-from rlinfra.services.supervisor import Recovery
-from rlinfra.services.weights import WeightSync, WeightSyncError
+from rlinfra.services.recovery import SupervisedSteps, TrainerRestarter
+from rlinfra.services.supervisor import Recovery, UnsupervisedLoss
+from rlinfra.services.weights import WeightSync
 
 CHECKPOINTED = ("iteration", "training_s", "tokens", "generate_s", "curve", "warm_accuracy", "sampler_draws")
+REWOUND = ("iteration", "tokens", "generate_s", "curve", "sampler_draws")  # training_s counts on
 
 
 @dataclass
@@ -56,7 +61,8 @@ class DriverState:
     batch_versions: list[list[int]] = field(default_factory=list)  # per iteration, per engine
     dropped_batches: int = 0
     ledger: BatchLedger = field(default_factory=BatchLedger)
-    recoveries: list[Recovery] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)  # dead engines / reward workers replaced
+    trainer_restarts: list[Restart] = field(default_factory=list)  # the trainer, from its checkpoint
 
     @classmethod
     def restore(cls, saved: dict[str, Any] | None) -> DriverState:
@@ -64,8 +70,21 @@ class DriverState:
         saved["curve"] = [tuple(point) for point in saved.get("curve", [])]
         return cls(**saved)
 
+    def rewind(self, saved: dict[str, Any] | None) -> None:
+        """Back to the checkpoint ``checkpointed()`` saved (or to the start) after a trainer
+        restart; ``training_s`` keeps counting the time actually spent, the warm-up point stays."""
+        start = DriverState.restore(saved)
+        for name in REWOUND:
+            setattr(self, name, getattr(start, name))
+        if not self.curve and self.warm_accuracy is not None:
+            self.curve = [(0, 0.0, self.warm_accuracy)]
+        del self.batch_versions[self.iteration :]
+
     def checkpointed(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in CHECKPOINTED}
+        """The fields a resumed run continues from, as plain values (copies: the state goes on)."""
+        saved = {name: getattr(self, name) for name in CHECKPOINTED}
+        saved["curve"] = list(self.curve)
+        return saved
 
     @property
     def accuracy(self) -> float | None:
@@ -83,19 +102,28 @@ class TrainingLoop:
         state: DriverState,
         log: MetricsLog,
         save_checkpoint: Callable[[bytes, dict[str, Any]], None],
+        resumed_from: tuple[bytes, dict[str, Any]] | None = None,
     ) -> None:
+        """``resumed_from``: the checkpoint a resumed run started from (the actor's bytes and the
+        driver's state), which a trainer restart before the next checkpoint goes back to."""
         self.live, self.sync, self.job, self.state, self.log = live, sync, job, state, log
         self.algo = job.algo
         self.save_checkpoint = save_checkpoint
+        self.checkpoint = resumed_from  # the last one saved
         self.overlap = self.algo.max_staleness >= 1
-        self.sampler = PromptSampler(self.algo.seed)
-        self.sampler.sample(state.sampler_draws)  # a resumed run continues the prompt stream
+        self.sampler = self._prompt_stream(state.sampler_draws)
         self.heldout = heldout_prompts(self.algo.eval_size)
         self.staged_version: int | None = None
+        self.drawn_before_batch = state.sampler_draws  # the prompt stream before the batch in flight
         self.generating: dict[int, str] = {}  # engine rank -> id of the batch it is making
         self.prompts: dict[int, list[str]] = {}  # engine rank -> its prompts of the batch in flight
         self.pending: GroupCall | None = None
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}
+        assert live.supervisor and live.trainer_budget and live.start_trainer, "the job is not launched"
+        self.steps = SupervisedSteps(live.supervisor, state.recoveries, after_heal=self._back_to_schedule)
+        self.restarter = TrainerRestarter(
+            live.trainer_budget, live.start_trainer, sync, self.steps, state.trainer_restarts
+        )
         state.served_versions.append(sync.version)
 
     @property
@@ -116,10 +144,46 @@ class TrainingLoop:
         self.clock = time.perf_counter()
         self.pending = self._start_generate()
         while state.iteration < self.algo.updates:
-            record = self._iteration()
+            try:
+                record = self._iteration()
+            except UnsupervisedLoss as loss:  # a trainer rank: the whole group, from the checkpoint
+                self._restart_trainer(loss)
+                continue
             yield record
             if self.algo.stop_at_target and record.get("accuracy") is not None and self._reached():
                 return
+
+    def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
+        """Bring the trainer back from the last checkpoint (or from the start checkpoint before
+        the first), serving its weights above the last version; rewind the driver, its metrics,
+        its ledger and its prompt stream to that checkpoint, so the updates since are redone on
+        the same prompts (none repeated in the record, none skipped); generate again. The
+        engines and reward workers are not touched."""
+        state = self.state
+        if self.pending is not None:  # made with the lost trainer's weights: not trained on
+            with contextlib.suppress(WorkerGroupError):
+                self.pending.wait()
+            self.pending = None
+        actor_bytes, saved = self.checkpoint if self.checkpoint is not None else (None, None)
+        back_to = int(saved["iteration"]) if saved is not None else 0
+        detail = f"from the checkpoint of update {back_to}" if saved else "from the start checkpoint"
+        self.live.policy, _ = self.restarter.restart(self.live.policy, loss, actor_bytes, detail)
+        state.served_versions.append(self.sync.version)
+        state.ledger.dropped(state.ledger.open_ids)  # made with the lost trainer's weights
+        state.ledger.rolled_back(after_iteration=back_to)
+        state.rewind(saved)
+        self.sampler = self._prompt_stream(state.sampler_draws)
+        self.log.rewind(back_to)
+        self.staged_version = None
+        self._turn("rollout")  # colocated: the restarted actor came back asleep
+        self.pending = self._start_generate()
+
+    def _prompt_stream(self, drawn: int) -> PromptSampler:
+        """The job's prompt stream, after its first ``drawn`` prompts (a resumed or rewound run
+        goes on with the same prompts)."""
+        sampler = PromptSampler(self.algo.seed)
+        sampler.sample(drawn)
+        return sampler
 
     def _reached(self) -> bool:
         target, accuracy = self.target, self.state.accuracy
@@ -158,6 +222,8 @@ class TrainingLoop:
         """Every engine (or ``ranks``, again) generates for its share of the prompts, under a new id."""
         rollout, per_engine = self.live.rollout, self.algo.prompts_per_step // len(self.live.rollout.ranks)
         chosen = rollout.ranks if ranks is None else ranks
+        if ranks is None:
+            self.drawn_before_batch = self.state.sampler_draws
         for rank in chosen:
             if ranks is None:  # a fresh batch; a retry keeps the prompts it had
                 self.prompts[rank] = self.sampler.sample(per_engine)
@@ -182,7 +248,7 @@ class TrainingLoop:
             except WorkerGroupError as error:
                 done.update(error.results)
                 self.state.ledger.lost(self.generating[rank] for rank in error.failed_ranks)
-                self._heal(error)
+                self.steps.heal(error)
                 if error.pending:
                     calls.append(call.subset(error.pending))
                 calls.append(self._start_generate(error.failed_ranks))
@@ -192,7 +258,7 @@ class TrainingLoop:
 
     def _evaluate(self) -> tuple[int, float]:
         """Greedy held-out exact match on engine 0, at the version it serves."""
-        return self._supervised(lambda: self.live.rollout.execute_on(0).evaluate(self.heldout).wait()[0])
+        return self.steps.retried(lambda: self.live.rollout.execute_on(0).evaluate(self.heldout).wait()[0])
 
     # ----------------------------------------------------------------------------- training
     def _learn(self, batches: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -215,7 +281,7 @@ class TrainingLoop:
             return learned
         completions = [c for batch in fresh for c in batch["completions"]]
         rewards = self._score(completions)
-        metrics = self._on_trainer(
+        metrics = self.steps.on_trainer(
             lambda: self.live.policy.role("actor").update(completions, rewards).wait()[0]
         )
         state.ledger.trained([b["batch_id"] for b in fresh], iteration=state.iteration + 1)
@@ -237,56 +303,38 @@ class TrainingLoop:
                 rewards[i :: len(ranks)] = values
             return rewards
 
-        return self._supervised(score)
+        return self.steps.retried(score)
 
     # ------------------------------------------------------------------------------ weights
     def _stage(self, version: int) -> None:
-        self.sync_s["prepare_s"] = self._supervised(lambda: self.sync.staged_or_prepare(version)).prepare_s
+        self.sync_s["prepare_s"] = self.steps.retried(lambda: self.sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
 
     def _commit_staged(self) -> None:
         version = self.staged_version
         if version is None:
             return
-        report = self._supervised(lambda: self.sync.commit_version(version))
+        report = self.steps.retried(lambda: self.sync.commit_version(version))
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
         self.state.served_versions.append(self.sync.version)
         self.staged_version = None
 
     def _turn(self, component: str) -> float:
-        """Give ``component`` the shared devices (colocated); the switch's seconds, else 0."""
+        """Give ``component`` the shared devices (colocated); the switch's seconds, else 0. A
+        switch that failed on a dead engine is redone once it is replaced; on a dead actor rank it
+        raises ``UnsupervisedLoss`` (the trainer is restarted)."""
         turns = self.live.turns
         if turns is None:
             return 0.0
-        switch = turns.wake(component)
+        switch = self.steps.retried(lambda: turns.wake(component))
         return switch.total_s if switch is not None else 0.0
 
-    # -------------------------------------------------------------------------- supervision
-    def _supervised(self, step: Callable[[], Any]) -> Any:
-        """``step()``, again after replacing whoever died during it (bounded by restart budgets)."""
-        while True:
-            try:
-                return step()
-            except (WorkerGroupError, WeightSyncError) as error:
-                self._heal(error)
-
-    def _heal(self, error: BaseException) -> None:
-        supervisor = self.live.supervisor
-        if supervisor is None:
-            raise error
-        self.state.recoveries.append(supervisor.heal(error))
-        if self.live.turns is not None:  # a replaced engine comes up awake: back to the schedule's state
-            with contextlib.suppress(ValueError):
-                if self.live.turns.state("rollout") != "awake":
-                    self.live.turns.sleep("rollout")
-
-    def _on_trainer(self, call: Callable[[], Any]) -> Any:
-        """A call on the trainer, never retried (an update may have half-happened)."""
-        try:
-            return call()
-        except WorkerGroupError as error:
-            self._heal(error)  # raises UnsupervisedLoss for the trainer, or the error itself
-            raise
+    def _back_to_schedule(self) -> None:
+        """After a recovery (colocated): a replaced engine comes up awake; asleep unless it is the
+        engines' turn."""
+        turns = self.live.turns
+        if turns is not None and turns.state("rollout") != "awake":
+            turns.sleep("rollout")
 
     # ------------------------------------------------------------------------------ records
     def _record(
@@ -319,11 +367,17 @@ class TrainingLoop:
         } | learned
 
     def _checkpoint_if_due(self) -> None:
-        """Every ``checkpoint_every`` iterations and at the last: the actor's state and the driver's."""
+        """Every ``checkpoint_every`` iterations and at the last: the actor's state and the driver's.
+        The prompt stream is saved as it was before the batch in flight, which a run going on from
+        this checkpoint (resumed, or after a trainer restart) makes again."""
         iteration = self.state.iteration
         if iteration % self.job.run.checkpoint_every == 0 or iteration == self.algo.updates:
-            actor_state = self._on_trainer(lambda: self.live.policy.role("actor").checkpoint().wait()[0])
-            self.save_checkpoint(actor_state, self.state.checkpointed())
+            actor_state = self.steps.on_trainer(lambda: self.live.policy.role("actor").checkpoint().wait()[0])
+            driver_state = self.state.checkpointed()
+            if self.pending is not None:
+                driver_state["sampler_draws"] = self.drawn_before_batch
+            self.checkpoint = (actor_state, driver_state)
+            self.save_checkpoint(*self.checkpoint)
 
 
 def _timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:

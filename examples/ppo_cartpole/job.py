@@ -38,7 +38,7 @@ from rlinfra.runtime.errors import ClusterError, WorkerGroupError
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.supervision import SupervisionError
 from rlinfra.services.batches import BatchLedgerError
-from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
+from rlinfra.services.checkpoints import CheckpointError
 from rlinfra.services.failure_report import FailureReport
 from rlinfra.services.signals import sigint_ignored
 from rlinfra.services.supervisor import UnsupervisedLoss
@@ -133,15 +133,8 @@ def failure_report(
     """What failed, what was tried, what is safe and how to go on (printed, and ``failure.json``)."""
     supervisor = live.supervisor
     attempts = [*(supervisor.restarts if supervisor is not None else []), *state.trainer_restarts]
-    saved = CheckpointStore(output).load_latest()
-    checkpoint = {"iteration": saved.step, "path": str(saved.path)} if saved is not None else None
-    resume = (
-        f"the same command with --resume (continues from {saved.path})"
-        if saved is not None
-        else "the same command, without --resume (no checkpoint was written)"
-    )
     version = sync.version if sync is not None else None
-    return FailureReport.of(error, attempts, version, checkpoint, resume, {"batches": state.ledger.summary()})
+    return FailureReport.of_run(error, output, attempts, version, {"batches": state.ledger.summary()})
 
 
 def _plot(job: JobConfig, output: Path) -> Path | None:

@@ -8,7 +8,6 @@ the ``WeightSync`` that moves every later version (and counts it: the job's one 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +16,11 @@ from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.workers import ActorWorker, EnvWorker, RolloutWorker
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
+from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.rendezvous import bring_up
 from rlinfra.runtime.supervision import RestartBudget
+from rlinfra.services.recovery import StartTrainer
 from rlinfra.services.supervisor import Supervisor
 from rlinfra.services.weights import WeightSync
 
@@ -35,7 +36,7 @@ class Components:
     rollout: Any = None
     env: Any = None
     supervisor: Supervisor | None = None  # replaces dead rollout and env workers (launch sets it)
-    start_trainer: Callable[..., int] | None = None  # (re)starts the trainer group (launch sets it)
+    start_trainer: StartTrainer | None = None  # (re)starts the trainer group (launch sets it)
     trainer_budget: RestartBudget | None = None  # the actor's restart budget: restarts from checkpoint
 
     def shutdown(self) -> None:
@@ -87,18 +88,18 @@ def launch(
         cluster, placement.get_strategy("env"), name="env", **options
     )
 
-    def start_trainer(checkpoint: bytes | None, publish_above: int | None = None) -> int:
+    def start_trainer(checkpoint: bytes | None, publish_above: int | None) -> tuple[WorkerGroup, int]:
         """The trainer group, its process group and its model (restored from ``checkpoint``);
-        again, into the same bundles, when the trainer is restarted. Returns its weight version."""
+        again, into the same bundles, when the trainer is restarted. Returns it and its weight version."""
         live.actor = ActorWorker.create_group(algo_dict, obs_dim, num_actions).launch(
             cluster, placement.get_strategy("actor"), name="actor", **options
         )
         bring_up(live.actor, backend="gloo")
-        return live.actor.setup(checkpoint, publish_above).wait()[0]  # non-zero after a resume
+        return live.actor, live.actor.setup(checkpoint, publish_above).wait()[0]  # non-zero after a resume
 
     live.start_trainer = start_trainer
     live.trainer_budget = RestartBudget(placement.get_strategy("actor").restart)
-    version = start_trainer(actor_checkpoint)
+    _, version = start_trainer(actor_checkpoint, None)
     # Two threads: one serves the env workers, the other stages the next weights.
     live.rollout = RolloutWorker.create_group(algo_dict, obs_dim, num_actions).launch(
         cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2, **options

@@ -28,14 +28,14 @@ from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.config import JobConfig
 from examples.ppo_cartpole.console import iteration_display
 from examples.ppo_cartpole.launch import Components
-from examples.ppo_cartpole.recovery import restart_trainer
 from examples.ppo_cartpole.state import DriverState
 from examples.ppo_cartpole.workers import EnvWorker
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.services.recovery import SupervisedSteps, TrainerRestarter
 from rlinfra.services.signals import CtrlC
 from rlinfra.services.supervisor import Supervisor, UnsupervisedLoss
-from rlinfra.services.weights import Stamped, WeightSync, WeightSyncError, filter_stale
+from rlinfra.services.weights import Stamped, WeightSync, filter_stale
 
 
 def train(
@@ -119,8 +119,8 @@ class TrainingLoop:
     Dead rollout and env workers are replaced on the way (``live.supervisor``): a rollout cut
     short is recollected under a new batch id, a weight update that lost a worker is redone.
     A lost trainer rank is restarted with its whole group from the last checkpoint
-    (``recovery.restart_trainer``), and the iterations since are redone. The batch ledger in
-    ``state`` proves that every batch was trained on once, dropped, lost or rolled back."""
+    (``TrainerRestarter``), and the iterations since are redone. The batch ledger in ``state``
+    proves that every batch was trained on once, dropped, lost or rolled back."""
 
     def __init__(
         self,
@@ -140,6 +140,11 @@ class TrainingLoop:
         self.pending: GroupCall | None = None  # the rollouts being made
         self.checkpoint: tuple[bytes, dict[str, Any]] | None = None  # the last one saved
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}
+        assert live.supervisor and live.trainer_budget and live.start_trainer, "the job is not launched"
+        self.steps = SupervisedSteps(live.supervisor, state.recoveries)
+        self.restarter = TrainerRestarter(
+            live.trainer_budget, live.start_trainer, sync, self.steps, state.trainer_restarts
+        )
         state.served_versions.append(sync.version)
 
     def iterations(self) -> Iterator[dict[str, Any]]:
@@ -182,23 +187,34 @@ class TrainingLoop:
         state = self.state
         checkpointing = state.iteration % self.run.checkpoint_every == 0
         if checkpointing:
-            record["replicas_in_sync"] = self._on_trainer(
+            record["replicas_in_sync"] = self.steps.on_trainer(
                 lambda: replicas_in_sync(self.live, state.iteration)
             )
         self.log.write(record)
         if checkpointing:
-            actor_state = self._on_trainer(lambda: self.live.actor.execute_on(0).checkpoint().wait()[0])
+            actor_state = self.steps.on_trainer(lambda: self.live.actor.execute_on(0).checkpoint().wait()[0])
             self.checkpoint = (actor_state, state.checkpointed())
             reporting.save_checkpoint(Path(self.run.output_dir), *self.checkpoint)
 
     def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
         """Bring the trainer back from the last checkpoint (or from scratch before the first),
-        rewind the driver to it, and start collecting again on the re-published weights."""
+        serving its weights above the last version; rewind the driver, its metrics and its
+        ledger to that checkpoint (the iterations since are redone: none repeated in the record,
+        none skipped); start collecting again. Rollout and env workers are not touched."""
+        state = self.state
         if self.pending is not None:  # made with the lost trainer's weights: not trained on
             with contextlib.suppress(WorkerGroupError):
                 self.pending.wait()
             self.pending = None
-        restart_trainer(self.live, self.sync, self.state, self.log, self.checkpoint, loss)
+        actor_bytes, saved = self.checkpoint if self.checkpoint is not None else (None, None)
+        back_to = int(saved["iteration"]) if saved is not None else 0
+        detail = f"from the checkpoint of iteration {back_to}" if saved is not None else "from scratch"
+        self.live.actor, _ = self.restarter.restart(self.live.actor, loss, actor_bytes, detail)
+        state.served_versions.append(self.sync.version)
+        state.ledger.dropped(state.ledger.open_ids)  # made with the lost trainer's weights
+        state.ledger.rolled_back(after_iteration=back_to)
+        state.rewind(saved)
+        self.log.rewind(back_to)
         self.staged_version = None
         self.pending = self._start_collect()
 
@@ -232,7 +248,7 @@ class TrainingLoop:
                 done.update(error.results)
                 self.state.ledger.lost(self.collecting[rank] for rank in error.failed_ranks)
                 if not self._recovered_since(call.issued):
-                    self._heal(error)
+                    self.steps.heal(error)
                 if error.pending:
                     calls.append(call.subset(error.pending))
                 calls.append(self._start_collect(error.failed_ranks))
@@ -250,23 +266,15 @@ class TrainingLoop:
         version = self.staged_version
         if version is None:
             return
-        report = self._supervised(lambda: self.sync.commit_version(version))
+        report = self.steps.retried(lambda: self.sync.commit_version(version))
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
         self.state.served_versions.append(self.sync.version)
         self.staged_version = None
 
     def _stage(self, version: int) -> None:
         """Stage ``version`` on every rollout worker while the env workers keep generating."""
-        self.sync_s["prepare_s"] = self._supervised(lambda: self.sync.staged_or_prepare(version)).prepare_s
+        self.sync_s["prepare_s"] = self.steps.retried(lambda: self.sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
-
-    def _supervised(self, step: Callable[[], Any]) -> Any:
-        """``step()``, again after replacing whoever died during it (bounded by restart budgets)."""
-        while True:
-            try:
-                return step()
-            except (WorkerGroupError, WeightSyncError) as error:
-                self._heal(error)
 
     def _train(self, rollouts: list[dict[str, Any]]) -> dict[str, Any] | None:
         """One update on ``rollouts``; the metrics, or None when every one of them was lost. A
@@ -274,7 +282,7 @@ class TrainingLoop:
         replaced, and the update made on the others (nothing was trained on before)."""
         while rollouts:
             batches = [rollout["batch"] for rollout in rollouts]
-            metrics = self._on_trainer(lambda batches=batches: self.live.actor.train(batches).wait()[0])
+            metrics = self.steps.on_trainer(lambda batches=batches: self.live.actor.train(batches).wait()[0])
             if "lost" not in metrics:
                 return metrics
             lost = set(metrics["lost"])
@@ -285,26 +293,8 @@ class TrainingLoop:
 
     def _replace_dead(self) -> None:
         """Replace whoever is gone now, if anybody (no failed call to blame)."""
-        supervisor = self.live.supervisor
-        if supervisor is not None:
-            with contextlib.suppress(NobodyGone):
-                self.state.recoveries.append(supervisor.heal(NobodyGone("a rollout's env worker died")))
-
-    def _on_trainer(self, call: Callable[[], Any]) -> Any:
-        """A call on the trainer, never retried (an update may have half-happened): a lost rank
-        becomes ``UnsupervisedLoss`` (the trainer is restarted), any other failure stops the run."""
-        try:
-            return call()
-        except WorkerGroupError as error:
-            self._heal(error)  # raises UnsupervisedLoss for the trainer, or the error itself
-            raise
-
-    def _heal(self, error: BaseException) -> None:
-        """Replace the dead rollout and env workers; re-raise when nobody died or nobody can be."""
-        supervisor = self.live.supervisor
-        if supervisor is None:
-            raise error
-        self.state.recoveries.append(supervisor.heal(error))
+        with contextlib.suppress(NobodyGone):
+            self.steps.heal(NobodyGone("a rollout's env worker died"))
 
     # ------------------------------------------------------------------------------ training
     def _learn(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:

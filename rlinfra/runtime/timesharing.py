@@ -55,8 +55,10 @@ A failed hook — it raised, or did not answer within the switch's deadline — 
 component's state becomes unknown (its calls are refused) and the component being woken is not
 woken. A fused worker time-shares when its class derives from ``TimeShared`` as well
 (``class Policy(TimeShared, fuse(actor=..., ref=...))``, with the hooks); a replaced rank comes
-up in its constructor's state, so ``schedule.sleep(component)`` it before its next turn. The
-schedule is driven from one thread (``resident_bytes`` may be read from any).
+up in its constructor's state, so ``schedule.sleep(component)`` it before its next turn; a
+component relaunched as a whole new group (a trainer restarted from its checkpoint) takes the old
+one's place with ``schedule.rejoin(group)``, asleep. The schedule is driven from one thread
+(``resident_bytes`` may be read from any).
 """
 
 from __future__ import annotations
@@ -421,6 +423,7 @@ class TimeSharing:
             for name, group in self.groups.items()
             for placement in _launched(group).placements
         }
+        self._rank_devices = rank_devices
         self._rank_sharers = _sharers(rank_devices)
         self.sharers: dict[str, frozenset[str]] = {name: frozenset() for name in self.groups}
         for (name, _), others in self._rank_sharers.items():
@@ -467,6 +470,34 @@ class TimeSharing:
         the new process holds what its constructor allocated, and this releases it."""
         self._time_shared(component)
         self._sleep_all([component], None, Deadline.after(self.timeout if timeout is None else timeout))
+
+    def rejoin(self, group: WorkerGroup, *, timeout: float | None = None) -> None:
+        """``group`` takes the place of the component of its name: the same component launched
+        again as a new group (a trainer restarted whole after a lost rank), into the same devices.
+        Its calls are guarded from now on and its ranks put to sleep (releasing what their
+        constructors allocated), so the component awake on those devices stays the only one;
+        the next ``wake`` gives it its turn. Refused when its devices are not its predecessor's."""
+        name = group.name
+        self.state(name)  # raises for a name the schedule does not have
+        old = self.groups[name]
+        before = {rank: devices for (owner, rank), devices in self._rank_devices.items() if owner == name}
+        after = {placement.rank: devices_of(placement) for placement in _launched(group).placements}
+        if before != after:
+            raise TimeSharingError(
+                f"time-sharing: {name!r} came back on other devices than it had; the schedule's record "
+                "of who shares what would be wrong, so build a new TimeSharing"
+            )
+        guard = self._guards.pop(name, None)
+        if old.call_guard is guard:
+            old.call_guard = None
+        self.groups[name] = group
+        if name not in self._state:
+            return  # shares no device: never guarded, never put to sleep
+        if group.call_guard is not None:
+            raise TimeSharingError(f"time-sharing: the new {name!r} group already has a call guard")
+        group.call_guard = self._guards[name] = functools.partial(self._guard, name)
+        self._state[name] = UNKNOWN
+        self.sleep(name, timeout=timeout)
 
     def state(self, component: str) -> str:
         """``awake``, ``asleep`` or ``unknown`` (its last hook failed); a component that shares no

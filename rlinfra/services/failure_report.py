@@ -18,6 +18,7 @@ from typing import Any
 
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.supervision import Restart, SupervisionError
+from rlinfra.services.checkpoints import CheckpointStore
 from rlinfra.services.supervisor import UnsupervisedLoss
 from rlinfra.services.weights import WeightSyncError
 
@@ -83,6 +84,26 @@ class FailureReport:
             resume,
             dict(details or {}),
         )
+
+    @classmethod
+    def of_run(
+        cls,
+        error: BaseException,
+        output_dir: Path,
+        attempts: Sequence[Restart] = (),
+        committed_version: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> FailureReport:
+        """The report of a job that keeps its checkpoints in ``output_dir`` (a ``CheckpointStore``)
+        and resumes with ``--resume``: the last checkpoint found there, and the command to go on."""
+        saved = CheckpointStore(output_dir).load_latest()
+        checkpoint = {"iteration": saved.step, "path": str(saved.path)} if saved is not None else None
+        resume = (
+            f"the same command with --resume (continues from {saved.path})"
+            if saved is not None
+            else "the same command, without --resume (no checkpoint was written)"
+        )
+        return cls.of(error, attempts, committed_version, checkpoint, resume, details)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

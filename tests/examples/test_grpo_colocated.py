@@ -20,11 +20,26 @@ from tests.examples.job_checks import (
     assert_resources_released,
     job_config,
     planned_placements,
+    sigkill,
 )
 
 pytestmark = pytest.mark.timeout(600)
 
 CFG = job_config("colocated", example="grpo_lm")
+
+
+def colocated_config(tmp_path, updates: int, *overrides: str):
+    return job_config(
+        "colocated",
+        f"algo.updates={updates}",
+        "algo.eval_every=2",
+        "algo.eval_size=100",
+        "algo.stop_at_target=false",
+        *GRPO_TINY_WARMUP,
+        f"run.output_dir={tmp_path}",
+        *overrides,
+        example="grpo_lm",
+    )
 
 
 def test_short_run_takes_turns_on_the_shared_devices_and_stays_on_policy(cluster, tmp_path) -> None:
@@ -39,17 +54,7 @@ def test_short_run_takes_turns_on_the_shared_devices_and_stays_on_policy(cluster
             refusals.append(str(caught.value.cause))
 
     updates = 4
-    cfg = job_config(
-        "colocated",
-        f"algo.updates={updates}",
-        "algo.eval_every=2",
-        "algo.eval_size=100",
-        "algo.stop_at_target=false",
-        *GRPO_TINY_WARMUP,
-        f"run.output_dir={tmp_path}",
-        example="grpo_lm",
-    )
-    result = run(cfg, cluster=cluster, on_iteration=call_the_sleeping_actor)
+    result = run(colocated_config(tmp_path, updates), cluster=cluster, on_iteration=call_the_sleeping_actor)
 
     assert not result.interrupted and result.iterations == updates
     assert result.placements == planned_placements("colocated", example="grpo_lm")
@@ -67,4 +72,39 @@ def test_short_run_takes_turns_on_the_shared_devices_and_stays_on_policy(cluster
     assert [r["staleness"] for r in records] == [0] * updates
     assert result.state.served_versions == list(range(updates + 1))
     assert refusals and "component 'actor' is asleep" in refusals[0]
+    assert_resources_released()
+
+
+def test_a_trainer_restarted_after_a_lost_rank_rejoins_the_turns_asleep(cluster, tmp_path) -> None:
+    killed: list[int] = []
+
+    def kill_trainer_rank_one(record: dict) -> None:
+        if record["iteration"] == 3 and not killed:  # the engines' turn; the actor's is next
+            killed.append(sigkill("actor:1"))
+
+    updates = 4
+    cfg = colocated_config(tmp_path, updates, "run.checkpoint_every=2")
+    result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
+
+    assert killed and result.iterations == updates
+    (restart,) = result.state.trainer_restarts
+    assert (restart.component, restart.outcome) == ("actor", "restarted")
+    assert restart.detail == "from the checkpoint of update 2"
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == list(range(1, updates + 1))
+    # Replaying the hooks that ran: the actor and the engines were never awake at once, the
+    # restarted actor's first hook was a sleep, and the turns went on after it.
+    awake: set[str] = set()
+    for component, action in result.phases:
+        awake = awake | {component} if action == "wake" else awake - {component}
+        assert awake != {"actor", "rollout"}, result.phases
+    # The actor's switch that found rank 1 dead put the engines to sleep and stopped there; the
+    # restarted actor came in asleep; then the engines' turn, and the updates went on.
+    kill_at = 3 + 4 * 3
+    assert result.phases[kill_at : kill_at + 3] == [
+        ("rollout", "sleep"),
+        ("actor", "sleep"),
+        ("rollout", "wake"),
+    ]
+    assert result.state.served_versions == sorted(set(result.state.served_versions))
+    assert result.state.ledger.summary()["rolled_back"] == 2  # update 3: one batch per engine
     assert_resources_released()

@@ -3,21 +3,25 @@
 Short runs from a warm-up checkpoint (``tests/fixtures/grpo_start``) check what the full run
 relies on: the placement is the one ``rlinfra plan`` shows, every sequence carries the version
 that made it (one per batch), batches are at most ``max_staleness`` old, the version barrier
-commits each version once, a killed engine is replaced and re-admitted at the served version,
-Ctrl-C releases everything, ``--resume`` continues, and bad model paths are refused before Ray
-starts. That GRPO gains +0.25 held-out accuracy is the one long test here (``-m slow``).
+commits each version once, a killed engine is replaced and re-admitted at the served version, a
+killed trainer rank restarts the trainer from its checkpoint, Ctrl-C releases everything,
+``--resume`` continues, and bad model paths are refused before Ray starts. That GRPO gains +0.25
+held-out accuracy is the one long test here (``-m slow``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import signal
 
 import pytest
+import torch
 
 from examples.grpo_lm import job as grpo_job
 from examples.grpo_lm.job import run
 from examples.grpo_lm.lm.model import ModelLoadError
+from rlinfra.services.checkpoints import CheckpointStore
 from rlinfra.services.metrics import read_metrics, read_tensorboard
 from tests.examples.job_checks import (
     GRPO_START,
@@ -99,6 +103,47 @@ def test_a_killed_engine_is_replaced_and_readmitted_at_the_served_version(cluste
     assert summary["issued"] == summary["trained"] + summary["lost"] + summary["dropped"]
     assert result.state.served_versions == sorted(set(result.state.served_versions))
     assert all(r["staleness"] <= 1 for r in read_metrics(tmp_path))
+    assert_resources_released()
+
+
+def test_a_killed_trainer_rank_restarts_the_trainer_from_its_checkpoint(cluster, tmp_path) -> None:
+    # A checkpoint every other update, the kill one update after one: update 3 is lost with the
+    # trainer and redone from the checkpoint of update 2, on the same prompts.
+    updates, killed = 6, []
+
+    def kill_trainer_rank_one(record: dict) -> None:
+        if record["iteration"] == 3 and not killed:  # the next update finds rank 1 dead
+            killed.append(sigkill("actor:1"))
+
+    cfg = grpo_config(tmp_path, f"algo.updates={updates}", "algo.eval_every=3", "run.checkpoint_every=2")
+    result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
+
+    assert killed and result.iterations == updates
+    (restart,) = result.state.trainer_restarts
+    assert (restart.component, restart.outcome) == ("actor", "restarted")
+    assert restart.detail == "from the checkpoint of update 2" and "[1]" in restart.reason
+    # Each update once in the record, in order; TensorBoard's redone steps purged the same way.
+    records = read_metrics(tmp_path)
+    assert [r["iteration"] for r in records] == list(range(1, updates + 1))
+    board = read_tensorboard(tmp_path)
+    assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
+    # The held-out curve: the warm-up point, then one point per evaluation, the redone one once.
+    assert [point[0] for point in result.state.curve] == [0, 3, 6]
+    # The trainer applied exactly one update per iteration across the restart, and the prompt
+    # stream was rewound with it: the same prompts as a run without the fault.
+    saved = CheckpointStore(tmp_path).load_latest()
+    assert saved is not None and saved.step == updates
+    actor = torch.load(io.BytesIO(saved.payloads["actor"]), weights_only=True)
+    assert actor["updates"] == updates
+    assert result.state.sampler_draws == updates * result.job.algo.prompts_per_step
+    # Versions only rise: the restored weights were served above the last one, batch by batch.
+    assert result.state.served_versions == sorted(set(result.state.served_versions))
+    assert all(r["staleness"] <= 1 for r in records)
+    batches = result.state.ledger.summary()
+    assert batches["duplicated"] == 0 and batches["open"] == 0
+    assert batches["trained"] == updates * ENGINES and batches["rolled_back"] == ENGINES
+    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
+    assert ended == batches["issued"]
     assert_resources_released()
 
 

@@ -39,11 +39,14 @@ CFG = {
         "component_placement": {
             "actor,rollout": "0-1",
             "reward": "2",
-            "flaky,partner,probe,bare,half,fused,mate": "3",
+            "flaky,partner,probe,bare,half,fused,mate,again,peer": "3",
         },
     }
 }
-COMPONENTS = ["actor", "rollout", "reward", "flaky", "partner", "probe", "bare", "half", "fused", "mate"]
+COMPONENTS = [
+    *("actor", "rollout", "reward", "flaky", "partner", "probe", "bare", "half", "fused", "mate"),
+    *("again", "peer"),
+]
 
 
 class Toy(TimeShared):
@@ -318,3 +321,22 @@ def test_a_sleeping_fused_worker_refuses_its_roles_but_serves_weight_updates(lau
         assert fused.weights_stage().wait(timeout=30) == ["staged"]  # staging works on host memory
         schedule.wake("fused")
         assert fused.role("learner").step().wait(timeout=30) == ["stepped"]
+
+
+def test_a_group_launched_again_rejoins_the_schedule_asleep_and_guarded(launch, log_dir):
+    """A trainer restarted whole (after a lost rank) is a new group in the same bundles; it takes
+    the old one's turns without ever being awake beside the component that holds the devices."""
+    again, peer = launch(Toy, "again", 8, str(log_dir)), launch(Toy, "peer", 8, str(log_dir))
+    with TimeSharing([again, peer], awake="again", timeout=60) as schedule:
+        again.shutdown()
+        back = launch(Toy, "again", 8, str(log_dir))  # its constructor holds its 8 MiB again
+        assert back.call_guard is None
+        schedule.rejoin(back)
+        assert schedule.groups["again"] is back and back.call_guard is not None
+        assert (schedule.state("again"), schedule.state("peer")) == ("asleep", "asleep")
+        with pytest.raises(ComponentAsleepError, match=r"component 'again' is asleep"):
+            back.generate().wait(timeout=30)
+        assert schedule.phases[-1].component == "again" and schedule.phases[-1].action == "sleep"
+        schedule.wake("peer")
+        schedule.wake("again")  # the new group's turn: peer sleeps first
+        assert back.generate().wait(timeout=30) == [8 * MIB]

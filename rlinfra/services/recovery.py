@@ -1,0 +1,127 @@
+"""How a driver loop rides out faults: the calls it makes into a supervised run, and the trainer's
+restart from its checkpoint. Every main job needs both; neither knows what the job trains.
+
+``SupervisedSteps`` — the three ways a driver calls into a run that a ``Supervisor`` watches:
+
+    retried(step)      a step that can be redone (generate, score, stage, commit): when a worker
+                       died during it, replace the dead and run the step again
+    on_trainer(call)   a trainer call, never redone (an update may have half happened): a lost
+                       trainer rank becomes ``UnsupervisedLoss`` for the loop to restart the trainer
+    heal(error)        replace the dead, keep the ``Recovery``, run the job's ``after_heal`` hook
+                       (e.g. a replaced engine put back to sleep in a time-shared layout)
+
+``TrainerRestarter`` — a data-parallel rank cannot be replaced in place (its peers sit in a
+collective with it), so the whole trainer group is:
+
+    charge     the trainer's restart budget (``restart:`` in the YAML); spent → the run stops
+    stop       every trainer rank
+    start      a fresh group in the same bundles, a fresh rendezvous, the model from the checkpoint
+    publish    the restored weights as the next version above the one served (versions only rise),
+               through the normal barrier, so every receiver serves them before anything is made
+
+What the driver rewinds (its counters, its metrics, its batch ledger) is the job's to do with the
+returned ``Restart``: only it knows what the checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.supervision import REFUSED, RESTARTED, Restart, RestartBudget, RestartBudgetExhausted
+from rlinfra.services.supervisor import Recovery, Supervisor, UnsupervisedLoss
+from rlinfra.services.weights import WeightSync, WeightSyncError
+
+StartTrainer = Callable[[bytes | None, int | None], tuple[WorkerGroup, int]]
+"""``start(checkpoint, publish_above)``: a trainer group restored from ``checkpoint`` (None: from
+scratch) whose weight version is above ``publish_above``; returns the group and that version."""
+
+
+class SupervisedSteps:
+    """A driver's calls into a supervised run; every recovery is appended to ``recoveries``."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        recoveries: list[Recovery],
+        after_heal: Callable[[], None] | None = None,
+    ) -> None:
+        self.supervisor = supervisor
+        self.recoveries = recoveries
+        self.after_heal = after_heal
+
+    def heal(self, error: BaseException) -> Recovery:
+        """Replace whoever died; re-raises ``error`` when nobody did, ``UnsupervisedLoss`` when a
+        watched (trainer) rank is gone, ``SupervisionError`` when a rank cannot be replaced."""
+        recovery = self.supervisor.heal(error)
+        self.recoveries.append(recovery)
+        if self.after_heal is not None:
+            self.after_heal()
+        return recovery
+
+    def retried(self, step: Callable[[], Any]) -> Any:
+        """``step()``, again after replacing whoever died during it (restart budgets bound the
+        retries: a spent one raises instead)."""
+        while True:
+            try:
+                return step()
+            except (WorkerGroupError, WeightSyncError) as error:
+                self.heal(error)
+
+    def on_trainer(self, call: Callable[[], Any]) -> Any:
+        """``call()`` on the trainer, never retried: a lost trainer rank raises
+        ``UnsupervisedLoss``; a dead replaceable worker is replaced and the error re-raised."""
+        try:
+            return call()
+        except WorkerGroupError as error:
+            self.heal(error)  # raises UnsupervisedLoss for the trainer, or the error itself
+            raise
+
+
+class TrainerRestarter:
+    """Restarts a trainer group whole, from a checkpoint; see the module docstring. Every attempt,
+    refused ones included, is appended to ``restarts``."""
+
+    def __init__(
+        self,
+        budget: RestartBudget,
+        start: StartTrainer,
+        sync: WeightSync,
+        steps: SupervisedSteps,
+        restarts: list[Restart] | None = None,
+    ) -> None:
+        self.budget, self.start, self.sync, self.steps = budget, start, sync, steps
+        self.restarts: list[Restart] = restarts if restarts is not None else []
+
+    def restart(
+        self, trainer: WorkerGroup, loss: UnsupervisedLoss, checkpoint: bytes | None, restored_from: str
+    ) -> tuple[WorkerGroup, Restart]:
+        """The new trainer group (already serving its weights to every receiver) and the record
+        of the restart. ``restored_from`` says what ``checkpoint`` is, for the record. Raises
+        ``RestartBudgetExhausted`` (recorded as refused) when the budget is spent."""
+        started, wall = time.monotonic(), time.time()
+        lost_ranks = loss.gone.get(trainer.name, [])
+        rank = lost_ranks[0] if lost_ranks else 0
+        node_rank = trainer.node_rank_of(rank)
+        cause = str(loss.cause).splitlines()[0] if str(loss.cause) else type(loss.cause).__name__
+        try:
+            self.budget.charge(trainer.name, rank, node_rank)
+        except RestartBudgetExhausted as spent:
+            refused = Restart(trainer.name, rank, node_rank, cause, wall, 0.0, REFUSED, str(spent))
+            self.restarts.append(refused)
+            raise
+        trainer.shutdown()
+        group, version = self.start(checkpoint, self.sync.version)
+        self.sync.replace_sender(group)
+        supervisor = self.steps.supervisor
+        supervisor.watched = [group if watched is trainer else watched for watched in supervisor.watched]
+        self.steps.retried(lambda: self.sync.update(version))
+        reason = f"lost rank(s) {lost_ranks}: {cause}"
+        restart = Restart(
+            trainer.name, rank, node_rank, reason, wall, time.monotonic() - started, RESTARTED, restored_from
+        )
+        self.restarts.append(restart)
+        return group, restart
