@@ -67,3 +67,14 @@ GRPO_TINY_WARMUP = (
     "algo.warmup_eval_size=20",
     "algo.warmup_target_accuracy=0.2",
 )
+
+
+def assert_reward_improves(records: list[dict], window: int = 20, by: float = 0.02) -> None:
+    """GRPO learns: the training reward's mean over the last ``window`` updates beats that over
+    the first ``window`` by ``by``. Measured from the start checkpoint over 60 updates (seed 0,
+    both layouts): +0.07 to +0.08, where the noise of the difference is about 0.016, so ``by`` sits
+    some 4 standard deviations below the expected gain and far above no learning at all."""
+    rewards = [record["reward_mean"] for record in records]
+    assert len(rewards) >= 2 * window, f"need {2 * window} updates, got {len(rewards)}"
+    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+    assert last >= first + by, f"reward {first:.3f} over the first {window} updates, {last:.3f} over the last"

@@ -3,7 +3,7 @@
 The actor and the engines share both GPUs and take turns (``rlinfra.runtime.timesharing``): the
 engines generate, sleep while the actor trains, get the next version staged and loaded while
 asleep, and wake for the next batch. Checked: the placement is the planned one, the phases
-alternate in that order and are timed, every batch is on-policy, and a call that reaches the
+alternate in that order and are timed, every batch is on-policy, the reward rises, and a call that reaches the
 sleeping actor is refused by the worker itself.
 """
 
@@ -16,8 +16,10 @@ from examples.grpo_lm.job import run
 from rlinfra.runtime.timesharing import ComponentAsleepError
 from rlinfra.services.metrics import read_metrics
 from tests.examples.job_checks import (
+    GRPO_START,
     GRPO_TINY_WARMUP,
     assert_resources_released,
+    assert_reward_improves,
     job_config,
     planned_placements,
     sigkill,
@@ -35,14 +37,13 @@ def colocated_config(tmp_path, updates: int, *overrides: str):
         "algo.eval_every=2",
         "algo.eval_size=100",
         "algo.stop_at_target=false",
-        *GRPO_TINY_WARMUP,
         f"run.output_dir={tmp_path}",
         *overrides,
         example="grpo_lm",
     )
 
 
-def test_short_run_takes_turns_on_the_shared_devices_and_stays_on_policy(cluster, tmp_path) -> None:
+def test_short_run_takes_turns_on_the_shared_devices_stays_on_policy_and_learns(cluster, tmp_path) -> None:
     refusals: list[str] = []
 
     def call_the_sleeping_actor(record: dict) -> None:
@@ -53,8 +54,9 @@ def test_short_run_takes_turns_on_the_shared_devices_and_stays_on_policy(cluster
             assert isinstance(caught.value.cause, ComponentAsleepError)
             refusals.append(str(caught.value.cause))
 
-    updates = 4
-    result = run(colocated_config(tmp_path, updates), cluster=cluster, on_iteration=call_the_sleeping_actor)
+    updates = 60
+    cfg = colocated_config(tmp_path, updates, "algo.eval_every=30", f"model.path={GRPO_START}")
+    result = run(cfg, cluster=cluster, on_iteration=call_the_sleeping_actor)
 
     assert not result.interrupted and result.iterations == updates
     assert result.placements == planned_placements("colocated", example="grpo_lm")
@@ -70,6 +72,7 @@ def test_short_run_takes_turns_on_the_shared_devices_and_stays_on_policy(cluster
     assert all(r["switch_s"] > 0 for r in records)
     # Strictly on-policy: each batch made with the version trained on, then that version served.
     assert [r["staleness"] for r in records] == [0] * updates
+    assert_reward_improves(records)
     assert result.state.served_versions == list(range(updates + 1))
     assert refusals and "component 'actor' is asleep" in refusals[0]
     assert_resources_released()
@@ -83,7 +86,7 @@ def test_a_trainer_restarted_after_a_lost_rank_rejoins_the_turns_asleep(cluster,
             killed.append(sigkill("actor:1"))
 
     updates = 4
-    cfg = colocated_config(tmp_path, updates, "run.checkpoint_every=2")
+    cfg = colocated_config(tmp_path, updates, "run.checkpoint_every=2", *GRPO_TINY_WARMUP)
     result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
 
     assert killed and result.iterations == updates

@@ -26,6 +26,7 @@ from rlinfra.services.metrics import read_metrics, read_tensorboard
 from tests.examples.job_checks import (
     GRPO_START,
     assert_resources_released,
+    assert_reward_improves,
     job_config,
     planned_placements,
     sigkill,
@@ -49,9 +50,9 @@ def grpo_config(tmp_path, *overrides: str):
     )
 
 
-def test_short_run_places_stamps_versions_and_syncs_every_update(cluster, tmp_path) -> None:
-    updates = 12
-    result = run(grpo_config(tmp_path, f"algo.updates={updates}", "algo.eval_every=6"), cluster=cluster)
+def test_short_run_places_stamps_versions_syncs_every_update_and_learns(cluster, tmp_path) -> None:
+    updates = 60
+    result = run(grpo_config(tmp_path, f"algo.updates={updates}", "algo.eval_every=30"), cluster=cluster)
 
     assert not result.interrupted and result.iterations == updates
     assert result.placements == planned_placements("disaggregated", example="grpo_lm")
@@ -68,9 +69,10 @@ def test_short_run_places_stamps_versions_and_syncs_every_update(cluster, tmp_pa
     # The engines' gate closed around each swap, inside the driver's pause window.
     assert all(0 < r["held_s"] < r["pause_s"] for r in records[1:])
     assert all(r["informative_frac"] > 0 for r in records)  # every update had a reward signal
-    assert result.warm_accuracy is not None and [point[0] for point in result.state.curve] == [0, 6, 12]
+    assert_reward_improves(records)
+    assert result.warm_accuracy is not None and [point[0] for point in result.state.curve] == [0, 30, 60]
     board = read_tensorboard(tmp_path)
-    assert [step for step, _ in board["accuracy"]] == [6, 12]
+    assert [step for step, _ in board["accuracy"]] == [30, 60]
     assert [step for step, _ in board["reward_mean"]] == list(range(1, updates + 1))
     assert result.plot is not None and result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = result.state.ledger.summary()
