@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from examples.grpo_lm.config import JobConfig, JobConfigError, algo_dict
-from examples.grpo_lm.workers import Policy, RewardWorker, RolloutWorker
+from examples.grpo_lm.reward import RewardWorker
+from examples.grpo_lm.workers import Policy, RolloutWorker
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
 from rlinfra.runtime.group import WorkerGroup
@@ -85,7 +86,7 @@ def launch(
         "launch_timeout": settings.launch_timeout_s,
         "call_timeout": settings.call_timeout_s,
     }
-    live.reward = RewardWorker.create_group(algo).launch(
+    live.reward = RewardWorker.create_group(job.algo.format_credit).launch(
         cluster, placement.get_strategy("reward"), name="reward", **options
     )
 

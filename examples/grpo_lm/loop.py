@@ -32,7 +32,8 @@ from examples.grpo_lm.config import JobConfig
 from examples.grpo_lm.launch import Components
 from examples.grpo_lm.lm.rollout import sample_seed
 from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
-from examples.grpo_lm.workers import RewardWorker, RolloutWorker
+from examples.grpo_lm.reward import RewardWorker
+from examples.grpo_lm.workers import RolloutWorker
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.supervision import Restart

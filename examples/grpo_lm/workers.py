@@ -1,4 +1,5 @@
-"""The GRPO job's worker processes: the policy (actor + reference, fused), the engine, the reward.
+"""The GRPO job's worker processes that hold the model: the policy (actor + reference, fused) and
+the engine (the reward workers, which do not, are in ``reward.py``).
 
     policy    ``fuse(actor=ActorRole, ref=RefRole)``: 2 data-parallel ranks (DDP over gloo). The
               reference model lives in the same process as a second role, and the actor's update
@@ -7,7 +8,6 @@
               samples per prompt, every completion stamped with the version that made it; new
               weights are staged on the host while it generates and loaded into its own
               parameters during the pause, verified there
-    reward    rule-based scoring, on the ``node`` group
 
 In the colocated layout the actor and the engine share devices and take turns
 (``rlinfra.runtime.timesharing``): ``sleep`` releases what a component holds on the device,
@@ -29,7 +29,7 @@ from examples.grpo_lm.lm.config import GRPOConfig
 from examples.grpo_lm.lm.engine import Completion, GenerationEngine
 from examples.grpo_lm.lm.learner import Learner, frozen_copy
 from examples.grpo_lm.lm.model import load_pretrained
-from examples.grpo_lm.lm.rollout import evaluate, score
+from examples.grpo_lm.lm.rollout import evaluate
 from rlinfra import Worker, fuse
 from rlinfra.runtime.timesharing import TimeShared
 from rlinfra.services.weights import WeightSender
@@ -218,16 +218,6 @@ class RolloutWorker(EngineReceiver, TimeShared):
     @property
     def device(self) -> str:
         return _device(self)
-
-
-class RewardWorker(Worker):
-    """Scores completions with the task's rule (exact answer, then ``<eos>``)."""
-
-    def __init__(self, algo: Mapping[str, Any]) -> None:
-        self.format_credit = _config(algo).format_credit
-
-    def score(self, completions: Sequence[Completion]) -> list[float]:
-        return score(completions, self.format_credit)
 
 
 def algo_dict(config: GRPOConfig) -> dict[str, Any]:

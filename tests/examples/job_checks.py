@@ -69,6 +69,23 @@ GRPO_TINY_WARMUP = (
 )
 
 
+def grpo_config(
+    layout: str, output_dir: Path, *overrides: str, start: Path | None = GRPO_START
+) -> DictConfig:
+    """A short GRPO run of ``layout`` (the bundled YAML) writing to ``output_dir``: it runs every
+    update asked for (no stop at the target), evaluates on 100 held-out prompts, and starts from
+    ``start`` (``model.path``; None: the job's own warm-up, e.g. with ``GRPO_TINY_WARMUP``)."""
+    return job_config(
+        layout,
+        "algo.stop_at_target=false",
+        "algo.eval_size=100",
+        *([f"model.path={start}"] if start is not None else []),
+        f"run.output_dir={output_dir}",
+        *overrides,
+        example="grpo_lm",
+    )
+
+
 def assert_reward_improves(records: list[dict], window: int = 20, by: float = 0.02) -> None:
     """GRPO learns: the training reward's mean over the last ``window`` updates beats that over
     the first ``window`` by ``by``. Measured from the start checkpoint over 60 updates (seed 0,

@@ -16,10 +16,10 @@ from examples.grpo_lm.job import run
 from rlinfra.runtime.timesharing import ComponentAsleepError
 from rlinfra.services.metrics import read_metrics
 from tests.examples.job_checks import (
-    GRPO_START,
     GRPO_TINY_WARMUP,
     assert_resources_released,
     assert_reward_improves,
+    grpo_config,
     job_config,
     planned_placements,
     sigkill,
@@ -28,19 +28,6 @@ from tests.examples.job_checks import (
 pytestmark = pytest.mark.timeout(600)
 
 CFG = job_config("colocated", example="grpo_lm")
-
-
-def colocated_config(tmp_path, updates: int, *overrides: str):
-    return job_config(
-        "colocated",
-        f"algo.updates={updates}",
-        "algo.eval_every=2",
-        "algo.eval_size=100",
-        "algo.stop_at_target=false",
-        f"run.output_dir={tmp_path}",
-        *overrides,
-        example="grpo_lm",
-    )
 
 
 def test_short_run_takes_turns_on_the_shared_devices_stays_on_policy_and_learns(cluster, tmp_path) -> None:
@@ -55,7 +42,7 @@ def test_short_run_takes_turns_on_the_shared_devices_stays_on_policy_and_learns(
             refusals.append(str(caught.value.cause))
 
     updates = 60
-    cfg = colocated_config(tmp_path, updates, "algo.eval_every=30", f"model.path={GRPO_START}")
+    cfg = grpo_config("colocated", tmp_path, f"algo.updates={updates}", "algo.eval_every=30")
     result = run(cfg, cluster=cluster, on_iteration=call_the_sleeping_actor)
 
     assert not result.interrupted and result.iterations == updates
@@ -86,7 +73,8 @@ def test_a_trainer_restarted_after_a_lost_rank_rejoins_the_turns_asleep(cluster,
             killed.append(sigkill("actor:1"))
 
     updates = 4
-    cfg = colocated_config(tmp_path, updates, "run.checkpoint_every=2", *GRPO_TINY_WARMUP)
+    overrides = (f"algo.updates={updates}", "algo.eval_every=2", "run.checkpoint_every=2", *GRPO_TINY_WARMUP)
+    cfg = grpo_config("colocated", tmp_path, *overrides, start=None)
     result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
 
     assert killed and result.iterations == updates

@@ -13,8 +13,9 @@ from torch import nn
 from transformers import LlamaForCausalLM
 
 from examples.grpo_lm.lm import task, warmup
+from examples.grpo_lm.lm.completion import Completion
 from examples.grpo_lm.lm.config import GRPOConfig
-from examples.grpo_lm.lm.engine import Completion, GenerationEngine
+from examples.grpo_lm.lm.engine import GenerationEngine
 from examples.grpo_lm.lm.grpo import (
     CompletionBatch,
     collate,

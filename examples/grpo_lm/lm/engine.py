@@ -13,24 +13,11 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-
-@dataclass
-class Completion:
-    """One sampled completion and what the learner needs to score and train on it."""
-
-    prompt: str
-    prompt_ids: list[int]  # as the model saw them, without padding (starts with <bos>)
-    completion_ids: list[int]  # without padding; ends with <eos> iff finished
-    logprobs: list[float]  # log pi_sample(token | prefix) per completion token, same length
-    finished: bool  # emitted <eos> within max_new_tokens
-    text: str = ""  # decoded completion without the trailing <eos>; other special tokens kept verbatim
-    weight_version: int = 0  # version of the weights that sampled it (staleness bookkeeping)
-    extra: dict[str, float] = field(default_factory=dict)  # room for reward etc. downstream
+from .completion import Completion
 
 
 class GenerationEngine:

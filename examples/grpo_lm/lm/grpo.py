@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from .engine import Completion
+from .completion import Completion
 
 
 @dataclass

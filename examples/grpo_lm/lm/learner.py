@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedModel
 
+from .completion import Completion
 from .config import GRPOConfig
-from .engine import Completion
 from .grpo import CompletionBatch, CompletionScorer, collate, completion_logprobs, group_advantages, grpo_loss
 
 METRICS = ("loss", "policy_loss", "kl", "clip_frac", "ratio_mean", "grad_norm")

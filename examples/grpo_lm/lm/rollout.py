@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .engine import Completion, GenerationEngine
-from .task import PromptSampler, exact_match, reward
+from .completion import Completion
+from .engine import GenerationEngine
+from .task import PromptSampler, exact_match, score
 
 
 @dataclass
@@ -27,10 +28,6 @@ class ScoredBatch:
     @property
     def mean_length(self) -> float:
         return sum(len(c.completion_ids) for c in self.completions) / max(len(self.completions), 1)
-
-
-def score(completions: Sequence[Completion], format_credit: float = 0.0) -> list[float]:
-    return [reward(c.prompt, c.text, c.finished, format_credit) for c in completions]
 
 
 def sample_seed(seed: int, step: int) -> int:

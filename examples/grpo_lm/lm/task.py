@@ -13,6 +13,8 @@ import random
 from collections.abc import Sequence
 from functools import cache
 
+from .completion import Completion
+
 MAX_OPERAND = 99
 SPLIT_SEED = 20240607  # fixed forever: changing it changes what "held-out accuracy" means
 TEST_SIZE = 500
@@ -101,6 +103,11 @@ def reward(prompt: str, completion_text: str, finished: bool = True, format_cred
         return 1.0
     well_formed = completion_text.isdigit() and len(completion_text) <= MAX_ANSWER_DIGITS
     return format_credit if well_formed else 0.0
+
+
+def score(completions: Sequence[Completion], format_credit: float = 0.0) -> list[float]:
+    """``reward`` of each completion."""
+    return [reward(c.prompt, c.text, c.finished, format_credit) for c in completions]
 
 
 def exact_match(

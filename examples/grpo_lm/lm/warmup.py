@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .completion import Completion
 from .config import GRPOConfig
-from .engine import Completion, GenerationEngine
+from .engine import GenerationEngine
 from .grpo import collate, completion_logprobs
 from .model import build_model, save_checkpoint
 from .rollout import evaluate
