@@ -61,7 +61,11 @@ def _ray_servers_of(driver_pid: int) -> set[int]:
     return found
 
 
-def test_sigint_stops_cleanly_and_resume_continues(tmp_path) -> None:
+def test_sigint_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) -> None:
+    """The real command in its own process: its plan shown first, Ctrl-C in the middle of a
+    run ends it with status 130, everything released (its embedded Ray too), a checkpoint written
+    and the way to resume printed. What ``--resume`` then does is tested in-process
+    (``test_job_disaggregated``); that the CLI passes the flag, in ``tests/cli/test_run.py``."""
     out = tmp_path / "run"
     process = _start("algo.iterations=50", f"run.output_dir={out}")
     _wait_for_iterations(out, 2, process, timeout_s=180)
@@ -78,15 +82,9 @@ def test_sigint_stops_cleanly_and_resume_continues(tmp_path) -> None:
     while [pid for pid in started_by_run if process_alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in started_by_run if process_alive(pid)], "the run left its Ray running"
-    done = reporting.load_checkpoint(out)["driver"]["iteration"]
-    assert done >= 2
-
-    process = _start("--resume", f"algo.iterations={done + 1}", f"run.output_dir={out}")
-    output, _ = process.communicate(timeout=240)
-    assert process.returncode == 0, output
+    assert reporting.load_checkpoint(out)["driver"]["iteration"] >= 2
     records = reporting.read_metrics(out)
-    assert [r["iteration"] for r in records][-2:] == [done, done + 1]
-    assert records[-1]["learner_version"] == done + 1
+    assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
     assert f"learning curve: {out / reporting.PLOT_FILE}" in output
     # The placement map came first, before any iteration line.
     assert output.index("Node × device map") < output.index("iter ")

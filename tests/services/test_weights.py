@@ -4,11 +4,18 @@ A trainer (rank 0 on node 0) publishes a small state dict in several buckets to 
 workers (two per node) that keep generating while new weights are staged. The object store's
 memory bound is measured on Ray's own state; the cuda_ipc transport's refusals are checked here
 (its GPU tests are in ``test_weights_cuda_ipc.py``).
+
+Groups are reused by the next test that asks for the same kind when nothing happened to them
+that a reset cannot undo (worker names are unique, so one pair is kept): that test gets them at
+version 0 (the trainer's state and every receiver's weights set again, which drops whatever was
+staged, paused or served), and makes its own ``WeightSync``. A group that lost a worker or joined
+a torch.distributed group (broadcast) is shut down instead.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -66,6 +73,12 @@ class Trainer(WeightSender, Worker):
     def train_to(self, version: int) -> None:
         self.state = make_state(version)
 
+    def reset(self) -> None:
+        self.train_to(0)
+
+    def reusable(self) -> bool:
+        return not _in_process_group()
+
     def objects_alive(self, object_ids: list[str], expect: int, timeout_s: float = 5.0) -> int:
         """How many of these objects Ray (this process owns what it put) keeps alive: polls, up to
         ``timeout_s``, until it is ``expect`` — borrowers' releases reach the owner asynchronously."""
@@ -95,6 +108,13 @@ class Rollout(WeightReceiver, Worker):
         self.set_initial_weights(make_state(0), version=0)
         self.die_on_bucket = die_on_bucket
         self.private_bucket = private_bucket
+
+    def reset(self) -> None:
+        """Back to a fresh worker's weights: version 0, nothing staged, the gate open."""
+        self.set_initial_weights(make_state(0), version=0)
+
+    def reusable(self) -> bool:
+        return not _in_process_group()
 
     def generate_for(self, seconds: float) -> list[tuple]:
         samples = []
@@ -162,23 +182,58 @@ class Rollout(WeightReceiver, Worker):
         }
 
 
-@pytest.fixture
-def job(cluster, placement):
-    groups = []
+def _in_process_group() -> bool:
+    distributed = sys.modules.get("torch.distributed")
+    return distributed is not None and distributed.is_available() and distributed.is_initialized()
 
-    def launch(trainer_cls=Trainer, component="rollout", **rollout_kwargs):
-        trainer = trainer_cls.create_group().launch(
-            cluster, placement.get_strategy("trainer"), name="trainer"
-        )
-        rollout = Rollout.create_group(**rollout_kwargs).launch(
-            cluster, placement.get_strategy(component), name=component, max_concurrency=4
-        )
-        groups.extend([trainer, rollout])
+
+@pytest.fixture(scope="module")
+def idle_groups():
+    """(trainer class, component, rollout arguments) → the trainer and rollout group kept for reuse
+    (at most one pair: the names ``trainer:0``, ``rollout:<rank>`` are taken while it lives)."""
+    idle: dict[tuple, tuple] = {}
+    yield idle
+    _shut_down(idle)
+
+
+def _shut_down(idle: dict[tuple, tuple]) -> None:
+    for trainer, rollout in idle.values():
+        trainer.shutdown()
+        rollout.shutdown()
+    idle.clear()
+
+
+@pytest.fixture
+def job(cluster, placement, idle_groups):
+    used = []
+
+    def launch(trainer_cls=Trainer, component="rollout", rollout_cls=Rollout, **rollout_kwargs):
+        key = (trainer_cls, rollout_cls, component, tuple(sorted(rollout_kwargs.items())))
+        if key in idle_groups:
+            trainer, rollout = idle_groups.pop(key)
+            trainer.reset().wait(timeout=30)
+            rollout.reset().wait(timeout=30)
+        else:
+            _shut_down(idle_groups)  # another kind: its names must be free
+            trainer = trainer_cls.create_group().launch(
+                cluster, placement.get_strategy("trainer"), name="trainer"
+            )
+            rollout = rollout_cls.create_group(**rollout_kwargs).launch(
+                cluster, placement.get_strategy(component), name=component, max_concurrency=4
+            )
+        used.append((key, trainer, rollout))
         return trainer, rollout
 
     yield launch
-    for group in groups:
-        group.shutdown()
+    for key, trainer, rollout in used:
+        groups = (trainer, rollout)
+        intact = not any(group.gone_ranks() for group in groups)
+        if intact and all(all(group.reusable().wait(timeout=30)) for group in groups):
+            _shut_down(idle_groups)
+            idle_groups[key] = groups
+        else:
+            trainer.shutdown()
+            rollout.shutdown()
 
 
 def expect_serving(rollout, version: int) -> None:
@@ -219,6 +274,12 @@ def test_versions_must_increase_and_staleness_is_bounded(job):
     samples = [Stamped(v, f"s{v}") for v in (0, 1, 2, 3, 3)]
     fresh, dropped = filter_stale(samples, current_version=3, max_staleness=1)
     assert [s.version for s in fresh] == [2, 3, 3] and dropped == 2
+
+
+def test_cuda_ipc_always_checksums(job):
+    trainer, rollout = job()
+    with pytest.raises(ValueError, match="the cuda_ipc transport always checksums"):
+        WeightSync(trainer, rollout, transport="cuda_ipc", checksums=False)
 
 
 @pytest.mark.parametrize("transport", OBJECT_STORES)
@@ -269,12 +330,6 @@ def test_without_checksums_versions_are_still_verified_but_corruption_is_not(job
     if transport != "broadcast":  # the corrupting trainer flips a byte of what it puts
         with pytest.raises(AssertionError):
             expect_serving(rollout, 1)
-
-
-def test_cuda_ipc_always_checksums(job):
-    trainer, rollout = job()
-    with pytest.raises(ValueError, match="the cuda_ipc transport always checksums"):
-        WeightSync(trainer, rollout, transport="cuda_ipc", checksums=False)
 
 
 @pytest.mark.parametrize("transport", OBJECT_STORES)
@@ -383,40 +438,33 @@ class BroadcastDyingRollout(Rollout):
         return super().weights_receive_broadcast(version, group_name, src)
 
 
-def test_broadcast_with_a_receiver_killed_names_it_and_leaves_survivors_consistent(cluster, placement):
+def test_broadcast_with_a_receiver_killed_names_it_and_leaves_survivors_consistent(job):
     """The sender sees only "connection closed by peer"; the error must name the rollout worker
     that died, drop it, and say that the cross group needs bringing up again."""
     from rlinfra import WorkerGroupError
     from rlinfra.runtime import rendezvous
 
-    trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
-    rollout = BroadcastDyingRollout.create_group().launch(
-        cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=4
+    trainer, rollout = job(rollout_cls=BroadcastDyingRollout)
+    info = rendezvous.bring_up_cross(
+        "weights", [(trainer, [0]), (rollout, [0, 1, 2, 3])], backend="gloo", timeout_s=30
     )
-    try:
-        info = rendezvous.bring_up_cross(
-            "weights", [(trainer, [0]), (rollout, [0, 1, 2, 3])], backend="gloo", timeout_s=30
-        )
-        sync = WeightSync(
-            trainer, rollout, transport="broadcast", cross_group="weights", bucket_bytes=BUCKET_BYTES
-        )
-        trainer.train_to(1).wait()
-        started = time.monotonic()
-        with pytest.raises(WeightSyncError) as caught:
-            sync.update(1)
-        assert time.monotonic() - started < 20
-        error = caught.value
-        assert error.step == "prepare" and error.failed_ranks == [3]
-        assert "rank 3 (node 1): the worker process died" in str(error)
-        assert "lost a member: bring it up again" in str(error)
-        assert sync.alive == [0, 1, 2] and sync.version == 0
-        survivors = rollout.execute_on(0, 1, 2)
-        assert survivors.current().wait(timeout=10) == [(0, fingerprint(make_state(0)))] * 3
-        with pytest.raises(WorkerGroupError, match="rank 3"):  # the dead member cannot leave
-            rendezvous.tear_down_cross(info)
-    finally:
-        trainer.shutdown()
-        rollout.shutdown()
+    sync = WeightSync(
+        trainer, rollout, transport="broadcast", cross_group="weights", bucket_bytes=BUCKET_BYTES
+    )
+    trainer.train_to(1).wait()
+    started = time.monotonic()
+    with pytest.raises(WeightSyncError) as caught:
+        sync.update(1)
+    assert time.monotonic() - started < 20
+    error = caught.value
+    assert error.step == "prepare" and error.failed_ranks == [3]
+    assert "rank 3 (node 1): the worker process died" in str(error)
+    assert "lost a member: bring it up again" in str(error)
+    assert sync.alive == [0, 1, 2] and sync.version == 0
+    survivors = rollout.execute_on(0, 1, 2)
+    assert survivors.current().wait(timeout=10) == [(0, fingerprint(make_state(0)))] * 3
+    with pytest.raises(WorkerGroupError, match="rank 3"):  # the dead member cannot leave
+        rendezvous.tear_down_cross(info)
 
 
 # ------------------------------------------------------------------ the object store's memory bound
@@ -495,24 +543,6 @@ class StorePoller:
         self._thread.join(timeout=15)
 
 
-def test_object_store_keeps_at_most_two_buckets_alive_while_sending_many(job):
-    trainer, rollout = job(trainer_cls=MeasuringTrainer)
-    sync = WeightSync(trainer, rollout, bucket_bytes=MIB)
-    with StorePoller(trainer.worker_info[0]["node_id"]) as poller:
-        for version in (1, 2, 3):
-            trainer.train_to(version).wait()
-            assert sync.update(version).buckets == 12
-    assert rollout.current().wait(timeout=10) == [(3, fingerprint(big_state(3)))] * 4
-
-    # The owner's view, exact: bucket i is alive while the receivers copy it and bucket i+1 is put.
-    peak_bytes, peak_count = trainer.put_peak().wait()[0]
-    assert (peak_bytes, peak_count) == (2 * MIB, 2)
-    # The raylet's view, sampled: pinned primary copies on the trainer's node. At least one bucket
-    # was seen in flight (the poller observes something), never more than two.
-    assert poller.samples >= 10
-    assert MIB <= poller.peak_primary <= 2 * (MIB + OBJECT_OVERHEAD)
-
-
 # ------------------------------------------------------------- shared weights (object_store_shared)
 def test_shared_weights_are_the_object_store_bytes_one_object_per_bucket_for_everyone(job):
     trainer, rollout = job()
@@ -553,6 +583,16 @@ def test_shared_weights_one_copy_per_node_a_write_shows_on_the_node_and_is_detec
     assert first[0][1] == first[1][1] != fingerprint(make_state(1)) == first[2][1] == first[3][1]
 
 
+def test_cuda_ipc_refuses_receivers_on_another_node(job):
+    trainer, rollout = job()
+    with pytest.raises(ValueError, match="the cuda_ipc transport cannot work here") as caught:
+        WeightSync(trainer, rollout, transport="cuda_ipc")
+    message = str(caught.value)
+    assert "rollout rank(s) 2-3 are on node 1 (" in message
+    assert "not on the sender's node 0 (" in message and "(trainer rank 0)" in message
+    assert "CUDA IPC only maps memory between processes of one node" in message
+
+
 def test_shared_weights_outlive_the_trainer_that_put_them(job):
     """The trainer owns the objects; when it dies Ray frees them, but the store does not reuse
     memory a worker still maps: the rollouts keep serving intact weights."""
@@ -583,6 +623,24 @@ def test_shared_weights_a_worker_serving_an_unchecked_copy_fails_verify(job):
     expect_serving(rollout, 0)
 
 
+def test_object_store_keeps_at_most_two_buckets_alive_while_sending_many(job):
+    trainer, rollout = job(trainer_cls=MeasuringTrainer)
+    sync = WeightSync(trainer, rollout, bucket_bytes=MIB)
+    with StorePoller(trainer.worker_info[0]["node_id"]) as poller:
+        for version in (1, 2, 3):
+            trainer.train_to(version).wait()
+            assert sync.update(version).buckets == 12
+    assert rollout.current().wait(timeout=10) == [(3, fingerprint(big_state(3)))] * 4
+
+    # The owner's view, exact: bucket i is alive while the receivers copy it and bucket i+1 is put.
+    peak_bytes, peak_count = trainer.put_peak().wait()[0]
+    assert (peak_bytes, peak_count) == (2 * MIB, 2)
+    # The raylet's view, sampled: pinned primary copies on the trainer's node. At least one bucket
+    # was seen in flight (the poller observes something), never more than two.
+    assert poller.samples >= 10
+    assert MIB <= poller.peak_primary <= 2 * (MIB + OBJECT_OVERHEAD)
+
+
 class BigTrainer(Trainer):
     """80 MiB of zeros (never touched: no memory is used) — more than half a 150 MiB store."""
 
@@ -600,16 +658,6 @@ def test_shared_weights_refuse_a_store_that_cannot_hold_two_versions(job):
     assert "keeps two versions (160 MiB)" in message and "the node of trainer rank 0" in message
     assert "Use transport='object_store'" in message
     expect_serving(rollout, 0)
-
-
-def test_cuda_ipc_refuses_receivers_on_another_node(job):
-    trainer, rollout = job()
-    with pytest.raises(ValueError, match="the cuda_ipc transport cannot work here") as caught:
-        WeightSync(trainer, rollout, transport="cuda_ipc")
-    message = str(caught.value)
-    assert "rollout rank(s) 2-3 are on node 1 (" in message
-    assert "not on the sender's node 0 (" in message and "(trainer rank 0)" in message
-    assert "CUDA IPC only maps memory between processes of one node" in message
 
 
 def test_cuda_ipc_refuses_workers_without_cuda(job):
