@@ -1,23 +1,107 @@
 """Fixtures shared by the test modules that run a real Ray.
 
 A module that defines ``CFG`` (a full config with a ``cluster`` section, usually ``simulate``-d)
-gets a private Ray cluster for the whole module (``cluster``, shut down at the module's end) and
-its ``ComponentPlacement`` (``placement``): starting Ray costs seconds, so modules share one.
+gets a Ray cluster for the whole module (``cluster``) and its ``ComponentPlacement``
+(``placement``). Starting Ray costs seconds on two cores, so a cluster is kept for the next
+module when that one asks for the same cluster section (``component_placement`` aside) and the
+cluster is as it was started: every node alive, no placement group, every CPU and GPU free and no
+named actor left. Modules are run grouped by their cluster section (in order of first
+appearance; tests keep their order inside a module) so that such neighbours exist. Any module
+that wants another cluster, or none (it may start its own Ray, in-process or in a subprocess),
+finds none running.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import ray
+from omegaconf import OmegaConf
 
 from rlinfra import Cluster, ComponentPlacement
+
+_kept: dict[str, Cluster] = {}  # cluster section (as JSON) -> the cluster kept for the next module
+
+
+def _cluster_key(module: Any) -> str | None:
+    cfg = getattr(module, "CFG", None)
+    if cfg is None:
+        return None
+    section = OmegaConf.to_container(OmegaConf.create(dict(cfg))["cluster"], resolve=True)
+    assert isinstance(section, dict)
+    section.pop("component_placement", None)
+    return json.dumps(section, sort_keys=True, default=str)
+
+
+def _shut_down_kept() -> None:
+    for live in _kept.values():
+        live.shutdown()
+    _kept.clear()
+
+
+def _as_started(live: Cluster, settle_s: float = 10.0) -> bool:
+    """Every node alive, nothing reserved, held or named: what a fresh cluster would be. Ray frees
+    resources asynchronously, so this waits up to ``settle_s`` for them."""
+    if live.dead_node_ranks():
+        return False
+    deadline = time.monotonic() + settle_s
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        held = any(total[key] - free.get(key, 0.0) > 1e-6 for key in ("CPU", "GPU") if key in total)
+        groups = [g for g, info in ray.util.placement_group_table().items() if info["state"] != "REMOVED"]
+        named = ray.util.list_named_actors(all_namespaces=True)
+        if not (held or groups or named):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run modules that ask for the same cluster one after another (see the module docstring)."""
+    group_of: dict[str, int] = {}
+    order: list[tuple[int, int]] = []
+    for index, item in enumerate(items):
+        module = getattr(item, "module", None)
+        key = _cluster_key(module) if module is not None else None
+        name = key if key is not None else f"module:{item.nodeid.split('::')[0]}"
+        order.append((group_of.setdefault(name, len(group_of)), index))
+    ranked = sorted(range(len(items)), key=lambda i: order[i])
+    items[:] = [items[i] for i in ranked]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kept_clusters_end_with_the_session() -> Iterator[None]:
+    yield
+    _shut_down_kept()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_foreign_cluster(request: pytest.FixtureRequest) -> None:
+    """A kept cluster another module asked for is stopped before this module's first test."""
+    if _cluster_key(request.module) not in _kept:
+        _shut_down_kept()
 
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    with Cluster(cluster_cfg=request.module.CFG["cluster"]) as live:
+    key = _cluster_key(request.module)
+    assert key is not None, "a module using the cluster fixture defines CFG"
+    live = _kept.pop(key, None)
+    if live is None:
+        _shut_down_kept()
+        live = Cluster(cluster_cfg=request.module.CFG["cluster"])
+    try:
         yield live
+    finally:
+        if _as_started(live):
+            _kept[key] = live
+        else:
+            live.shutdown()
 
 
 @pytest.fixture(scope="module")
