@@ -7,41 +7,30 @@ Run it from the repository root (Ray's workers import ``examples`` from the driv
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from rlinfra.cli import module_entry
 
 HERE = Path(__file__).resolve().parent
 
 
-def compose_config(name: str, overrides: list[str]) -> Any:
+def compose_config(name: str, overrides: Sequence[str]) -> Any:
     """The config ``name`` from this folder with Hydra overrides applied (Hydra's full grammar)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(HERE), version_base=None):
-        return compose(config_name=name, overrides=overrides)
+    return module_entry.compose_config(HERE, name, overrides)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.ppo_cartpole", description=__doc__)
-    parser.add_argument("--config-name", default="disaggregated", help="a YAML file in examples/ppo_cartpole")
-    parser.add_argument("--resume", action="store_true", help="continue from run.output_dir's checkpoint")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo.iterations=50")
-    args = parser.parse_args(argv)
+def _job_main() -> Callable[..., int]:
+    from examples.ppo_cartpole.job import main
 
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    return main
 
-    from examples.ppo_cartpole.job import USAGE_ERROR
-    from examples.ppo_cartpole.job import main as run_job
 
-    try:
-        cfg = compose_config(args.config_name, args.overrides)
-    except (HydraException, OmegaConfBaseException) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return USAGE_ERROR
-    return run_job(cfg, resume=args.resume)
+def main(argv: Sequence[str] | None = None) -> int:
+    prog = "python -m examples.ppo_cartpole"
+    return module_entry.run_module(HERE, prog, __doc__, _job_main, argv, "algo.iterations=50")
 
 
 if __name__ == "__main__":

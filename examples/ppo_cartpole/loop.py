@@ -27,9 +27,9 @@ from rich.console import Console
 from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.config import JobConfig
 from examples.ppo_cartpole.console import iteration_display
+from examples.ppo_cartpole.env_worker import EnvWorker
 from examples.ppo_cartpole.launch import Components
 from examples.ppo_cartpole.state import DriverState
-from examples.ppo_cartpole.workers import EnvWorker
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.services.recovery import SupervisedSteps, TrainerRestarter

@@ -1,7 +1,6 @@
-"""The job's three components as rlinfra ``Worker`` classes.
+"""The job's components that hold the policy, as rlinfra ``Worker`` classes (the env workers,
+which do not, are in ``env_worker.py``).
 
-    env      steps vectorised gymnasium envs; asks its rollout worker(s) for actions, one batched
-             request per step; keeps the trajectory and computes GAE; returns version-stamped rollouts
     rollout  policy inference: serves ``act``/``value`` from the weights it was last given, behind
              the version barrier's gate (``WeightReceiver``)
     actor    the trainer: PPO updates, data-parallel over torch.distributed (gloo), rank 0 publishes
@@ -12,7 +11,6 @@ Everything that is not placement, launch or weight movement is the Ray-free PPO 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import threading
 from typing import Any
@@ -20,19 +18,13 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
 
-from examples.ppo_cartpole.ppo.buffer import RolloutBatch, RolloutBuffer
+from examples.ppo_cartpole.ppo.buffer import PolicyOutput, RolloutBatch
 from examples.ppo_cartpole.ppo.config import PPOConfig
-from examples.ppo_cartpole.ppo.envs import VectorEnv
 from examples.ppo_cartpole.ppo.learner import Learner
-from examples.ppo_cartpole.ppo.policy import ActorCritic, PolicyOutput
+from examples.ppo_cartpole.ppo.policy import ActorCritic
 from rlinfra import Worker
 from rlinfra.services.weights import WeightReceiver, WeightSender, WeightsView
-
-
-class MixedVersionError(RuntimeError):
-    """A rollout saw more than one weight version: its batch would have no single behaviour policy."""
 
 
 class RolloutWorker(WeightReceiver, Worker):
@@ -76,111 +68,6 @@ class RolloutWorker(WeightReceiver, Worker):
 def _writable_tensor(value: Any) -> torch.Tensor:
     """Ray hands numpy arrays over as read-only views of its object store; torch wants to own them."""
     return value.clone() if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
-
-
-class EnvWorker(Worker):
-    """Steps ``num_envs`` CartPole envs. Each step is one batched ``act`` request per rollout worker
-    it is connected to (its envs are split among them, requests in flight together)."""
-
-    def __init__(self, algo: dict[str, Any], num_envs: int, request_timeout_s: float) -> None:
-        torch.set_num_threads(1)
-        self.config = PPOConfig(**algo)
-        self.request_timeout_s = request_timeout_s
-        # Different seeds per env worker, so their episodes differ; the same on every run. A
-        # replaced worker (incarnation 1, 2 …) starts new episodes rather than replaying the old.
-        seed = self.config.seed + 1000 * (self._rank + 1) + 7919 * self.incarnation
-        # History long enough to hold every episode of one rollout (short early episodes included).
-        self.envs = VectorEnv(self.config.env_id, num_envs, seed, history=self.config.num_steps * num_envs)
-        self.buffer = RolloutBuffer(self.config.num_steps, num_envs, self.envs.obs_dim)
-        self.obs = self.envs.reset()
-        self.policies: list[tuple[str, Any]] = []
-        self.splits: list[np.ndarray] = []
-        self.episodes_reported = 0
-
-    def connect(self, policies: list[tuple[str, Any]]) -> list[str]:
-        """Use these rollout workers (``(name, actor handle)``); returns their names."""
-        if not policies:
-            raise ValueError("an env worker needs at least one rollout worker")
-        self.policies = list(policies)
-        self.splits = np.array_split(np.arange(self.envs.num_envs), len(policies))
-        return [name for name, _ in policies]
-
-    def collect(self, batch_id: str = "") -> dict[str, Any]:
-        """One rollout of ``num_steps`` vector steps. Returns a reference to the GAE-ready batch,
-        stamped with the driver's ``batch_id`` and the one weight version every action and value
-        of it came from, and the episodes that ended. A rollout cut short (a rollout worker died
-        mid-way) is never used: the next call starts an empty buffer."""
-        versions: set[int] = set()
-        cfg = self.config
-        self.buffer.step = 0
-        for _ in range(cfg.num_steps):
-            out, version = self._request("act", self.obs)
-            versions.add(version)
-            step = self.envs.step(out.action)
-            final_value = np.zeros(self.envs.num_envs, dtype=np.float32)
-            if step.truncated.any():  # only truncations bootstrap from the final observation
-                final_value, version = self._request("value", step.final_obs)
-                versions.add(version)
-            self.buffer.add(
-                self.obs, out.action, out.logprob, out.value, step.reward,
-                step.terminated, step.truncated, final_value,
-            )  # fmt: skip
-            self.obs = step.obs
-        last_value, version = self._request("value", self.obs)
-        versions.add(version)
-        if len(versions) != 1:
-            raise MixedVersionError(
-                f"env:{self._rank}: one rollout was served by weight versions {sorted(versions)}; "
-                "weights must only change between rollouts"
-            )
-        batch = self.buffer.finish(last_value, cfg.gamma, cfg.gae_lambda, weight_version=versions.pop())
-        batch = dataclasses.replace(batch, batch_ids=(batch_id,))
-        finished = self.envs.episodes_finished - self.episodes_reported
-        self.episodes_reported = self.envs.episodes_finished
-        returns = list(self.envs.episode_returns)[-finished:] if finished else []
-        # The batch goes to the object store and only its reference to the driver: the actor ranks
-        # fetch it from here directly (env → actor), the driver sees just the summary.
-        return {
-            "batch": ray.put(batch),
-            "transitions": batch.num_transitions,
-            "episode_returns": returns,
-            "versions": [batch.weight_version],
-            "batch_id": batch_id,
-        }
-
-    def _request(self, method: str, obs: np.ndarray) -> tuple[Any, int]:
-        """Send each rollout worker its slice of ``obs`` at once; join the answers in env order.
-        A rollout worker that dies or stalls becomes an error naming it, never a hang."""
-        refs = [
-            getattr(handle, method).remote(obs[idx])
-            for (_, handle), idx in zip(self.policies, self.splits, strict=True)
-        ]
-        try:
-            answers = ray.get(refs, timeout=self.request_timeout_s)
-        except GetTimeoutError:
-            raise TimeoutError(
-                f"env:{self._rank}: rollout worker(s) {self._names()} did not answer '{method}' "
-                f"within {self.request_timeout_s:g} s"
-            ) from None
-        except RayActorError as error:
-            raise RuntimeError(
-                f"env:{self._rank}: a rollout worker of {self._names()} died: {error}"
-            ) from None
-        versions = {version for _, version in answers}
-        if len(versions) != 1:
-            raise MixedVersionError(
-                f"env:{self._rank}: rollout workers {self._names()} answered one step with versions "
-                f"{sorted(versions)}"
-            )
-        parts = [part for part, _ in answers]
-        if method == "act":
-            joined: Any = PolicyOutput(*(np.concatenate(column) for column in zip(*parts, strict=True)))
-        else:
-            joined = np.concatenate(parts)
-        return joined, versions.pop()
-
-    def _names(self) -> str:
-        return ", ".join(name for name, _ in self.policies)
 
 
 class ActorWorker(WeightSender, Worker):

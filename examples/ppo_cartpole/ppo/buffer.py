@@ -1,12 +1,22 @@
-"""Trajectory storage and GAE, with the version-stamped batch format that crosses process boundaries."""
+"""Trajectory storage and GAE, with the formats that cross process boundaries: the version-stamped
+batch and one inference call's answer. numpy only (no torch), so an env worker's process starts
+without importing torch."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
-import torch
+
+
+class PolicyOutput(NamedTuple):
+    """What the environment side needs from one inference call; numpy so it crosses processes cheaply."""
+
+    action: np.ndarray  # [N] int64
+    logprob: np.ndarray  # [N] float32, log pi_old(a|s), needed for the PPO ratio
+    value: np.ndarray  # [N] float32, V(s), needed for GAE
 
 
 def compute_gae(
@@ -60,18 +70,6 @@ class RolloutBatch:
     def staleness(self, current_version: int) -> int:
         """How many learner updates happened since these actions were sampled."""
         return current_version - self.weight_version
-
-    def flatten(self) -> dict[str, torch.Tensor]:
-        """Merge time and env axes: PPO's minibatch epochs treat transitions as i.i.d."""
-        fields = {
-            "obs": self.obs,
-            "actions": self.actions,
-            "logprobs": self.logprobs,
-            "values": self.values,
-            "advantages": self.advantages,
-            "returns": self.returns,
-        }
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).flatten(0, 1) for k, v in fields.items()}
 
     @classmethod
     def concat(cls, batches: list[RolloutBatch]) -> RolloutBatch:

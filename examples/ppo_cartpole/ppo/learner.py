@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -63,7 +64,7 @@ class Learner:
 
     def shard(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
         """This rank's slice. Strided, so each rank sees every env and every part of the rollout."""
-        return {k: v[self.rank :: self.world_size] for k, v in batch.flatten().items()}
+        return {k: v[self.rank :: self.world_size] for k, v in flatten(batch).items()}
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """One PPO update from one rollout; bumps `weight_version`. Returns rank-averaged metrics."""
@@ -130,3 +131,16 @@ class Learner:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
             values /= self.world_size
         return values
+
+
+def flatten(batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    """Merge time and env axes: PPO's minibatch epochs treat transitions as i.i.d."""
+    fields = {
+        "obs": batch.obs,
+        "actions": batch.actions,
+        "logprobs": batch.logprobs,
+        "values": batch.values,
+        "advantages": batch.advantages,
+        "returns": batch.returns,
+    }
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).flatten(0, 1) for k, v in fields.items()}

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical
 
-
-class PolicyOutput(NamedTuple):
-    """What the environment side needs from one inference call; numpy so it crosses processes cheaply."""
-
-    action: np.ndarray  # [N] int64
-    logprob: np.ndarray  # [N] float32, log pi_old(a|s), needed for the PPO ratio
-    value: np.ndarray  # [N] float32, V(s), needed for GAE
+from .buffer import PolicyOutput
 
 
 def _layer(in_dim: int, out_dim: int, gain: float) -> nn.Linear:
