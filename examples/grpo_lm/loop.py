@@ -239,20 +239,13 @@ class TrainingLoop:
 
     def _finish_generate(self, pending: GroupCall) -> dict[int, dict[str, Any]]:
         """Every engine's batch. One cut short by a dead engine is lost: the engine is replaced
-        (and admitted at the served version) and its prompts generated again under a new id."""
-        done: dict[int, dict[str, Any]] = {}
-        calls = [pending]
-        while calls:
-            call = calls.pop()
-            try:
-                done.update(zip(call.ranks, call.wait(), strict=True))
-            except WorkerGroupError as error:
-                done.update(error.results)
-                self.state.ledger.lost(self.generating[rank] for rank in error.failed_ranks)
-                self.steps.heal(error)
-                if error.pending:
-                    calls.append(call.subset(error.pending))
-                calls.append(self._start_generate(error.failed_ranks))
+        (and admitted at the served version) and its prompts generated again under a new id
+        (``SupervisedSteps.gathered``)."""
+        done: dict[int, dict[str, Any]] = self.steps.gathered(
+            pending,
+            lost=lambda ranks: self.state.ledger.lost(self.generating[rank] for rank in ranks),
+            remake=self._start_generate,
+        )
         for rank, batch in done.items():
             batch["batch_id"] = self.generating[rank]
         return dict(sorted(done.items()))

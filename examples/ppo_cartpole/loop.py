@@ -234,30 +234,14 @@ class TrainingLoop:
 
     def _finish_collect(self, pending: GroupCall) -> list[dict[str, Any]]:
         """Every env worker's rollout, in rank order. A rollout cut short by a dead worker is
-        never used: its id is lost, the dead are replaced, and it is made again under a new id;
-        the rollouts that finished are kept, and the ones still running are waited for. A rollout
-        that was already running when a recovery replaced or dropped the worker it talked to
-        fails on the old worker: it is made again as well, with nothing left to replace."""
-        done: dict[int, dict[str, Any]] = {}
-        calls = [pending]
-        while calls:
-            call = calls.pop()
-            try:
-                done.update(zip(call.ranks, call.wait(), strict=True))
-            except WorkerGroupError as error:
-                done.update(error.results)
-                self.state.ledger.lost(self.collecting[rank] for rank in error.failed_ranks)
-                if not self._recovered_since(call.issued):
-                    self.steps.heal(error)
-                if error.pending:
-                    calls.append(call.subset(error.pending))
-                calls.append(self._start_collect(error.failed_ranks))
+        never used: its id is lost, the dead are replaced, and it is made again under a new id
+        (``SupervisedSteps.gathered``)."""
+        done = self.steps.gathered(
+            pending,
+            lost=lambda ranks: self.state.ledger.lost(self.collecting[rank] for rank in ranks),
+            remake=self._start_collect,
+        )
         return [done[rank] for rank in sorted(done)]
-
-    def _recovered_since(self, issued: float) -> bool:
-        """Whether a recovery finished after a call issued at ``issued`` (monotonic) was started."""
-        recoveries = self.state.recoveries
-        return bool(recoveries) and recoveries[-1].finished_monotonic > issued
 
     # ------------------------------------------------------------------------------- weights
     def _commit_staged(self) -> None:

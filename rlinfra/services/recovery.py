@@ -5,6 +5,8 @@ restart from its checkpoint. Every main job needs both; neither knows what the j
 
     retried(step)      a step that can be redone (generate, score, stage, commit): when a worker
                        died during it, replace the dead and run the step again
+    gathered(call, …)  every rank's result of a call that makes one batch per rank: a batch cut
+                       short by a dead worker is reported lost and made again on its replacement
     on_trainer(call)   a trainer call, never redone (an update may have half happened): a lost
                        trainer rank becomes ``UnsupervisedLoss`` for the loop to restart the trainer
     heal(error)        replace the dead, keep the ``Recovery``, run the job's ``after_heal`` hook
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import REFUSED, RESTARTED, Restart, RestartBudget, RestartBudgetExhausted
@@ -70,6 +73,38 @@ class SupervisedSteps:
                 return step()
             except (WorkerGroupError, WeightSyncError) as error:
                 self.heal(error)
+
+    def gathered(
+        self,
+        pending: GroupCall,
+        lost: Callable[[list[int]], None],
+        remake: Callable[[list[int]], GroupCall],
+    ) -> dict[int, Any]:
+        """Every rank's result of ``pending`` (rank → result), for a call where each rank makes
+        its own batch. The ranks whose call failed are handed to ``lost`` (what they were making
+        is never used), the dead are replaced, and ``remake(ranks)`` issues their work again; the
+        results that finished are kept and the calls still running are waited for. A call issued
+        before a recovery finished may fail on a worker that recovery already replaced or
+        dropped: it is made again too, with nobody left to replace."""
+        done: dict[int, Any] = {}
+        calls = [pending]
+        while calls:
+            call = calls.pop()
+            try:
+                done.update(zip(call.ranks, call.wait(), strict=True))
+            except WorkerGroupError as error:
+                done.update(error.results)
+                lost(error.failed_ranks)
+                if not self.recovered_since(call.issued):
+                    self.heal(error)
+                if error.pending:
+                    calls.append(call.subset(error.pending))
+                calls.append(remake(error.failed_ranks))
+        return done
+
+    def recovered_since(self, issued: float) -> bool:
+        """Whether a recovery finished after ``issued`` (monotonic, as ``GroupCall.issued``)."""
+        return bool(self.recoveries) and self.recoveries[-1].finished_monotonic > issued
 
     def on_trainer(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the trainer, never retried: a lost trainer rank raises
