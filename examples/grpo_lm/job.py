@@ -189,9 +189,7 @@ def run(
         result.interrupted = True
     except Exception as error:
         if live is not None and live.supervisor is not None:  # launched: the run failed, report it
-            report = _failure_report(error, live, sync, state, output)
-            report.write(output)
-            error.add_note(report.render())
+            FailureReport.of_run(error, output, live.supervisor, state.trainer_restarts, sync, state.ledger)
         raise
     finally:
         with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
@@ -217,16 +215,6 @@ def _start_checkpoint(job: JobConfig, console: Console) -> str:
     with console.status("supervised warm-up (once; cached under algo.cache_dir)"):
         path = warm_start(job.algo.cache_dir, job.algo.grpo(), log=lambda line: console.print(line))
     return str(Path(path).resolve())
-
-
-def _failure_report(
-    error: BaseException, live: Components, sync: Any, state: DriverState, output: Path
-) -> FailureReport:
-    """What failed, what was tried, what is safe and how to go on (printed, and ``failure.json``)."""
-    supervisor = live.supervisor
-    attempts = [*(supervisor.restarts if supervisor is not None else []), *state.trainer_restarts]
-    version = sync.version if sync is not None else None
-    return FailureReport.of_run(error, output, attempts, version, {"batches": state.ledger.summary()})
 
 
 def _progress(console: Console, total: int, done: int) -> Any:

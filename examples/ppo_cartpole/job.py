@@ -42,7 +42,7 @@ from rlinfra.services.checkpoints import CheckpointError
 from rlinfra.services.failure_report import FailureReport
 from rlinfra.services.signals import sigint_ignored
 from rlinfra.services.supervisor import UnsupervisedLoss
-from rlinfra.services.weights import WeightSync, WeightSyncError
+from rlinfra.services.weights import WeightSyncError
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 
@@ -111,9 +111,7 @@ def run(
         result.interrupted = True
     except Exception as error:
         if live is not None and live.supervisor is not None:  # launched: the run failed, report it
-            report = failure_report(error, live, sync, state, output)
-            report.write(output)
-            error.add_note(report.render())
+            FailureReport.of_run(error, output, live.supervisor, state.trainer_restarts, sync, state.ledger)
         raise
     finally:
         with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
@@ -125,16 +123,6 @@ def run(
             result.plot = _plot(job, output)
             result.wall_s = time.perf_counter() - started
     return result
-
-
-def failure_report(
-    error: BaseException, live: Components, sync: WeightSync | None, state: DriverState, output: Path
-) -> FailureReport:
-    """What failed, what was tried, what is safe and how to go on (printed, and ``failure.json``)."""
-    supervisor = live.supervisor
-    attempts = [*(supervisor.restarts if supervisor is not None else []), *state.trainer_restarts]
-    version = sync.version if sync is not None else None
-    return FailureReport.of_run(error, output, attempts, version, {"batches": state.ledger.summary()})
 
 
 def _plot(job: JobConfig, output: Path) -> Path | None:

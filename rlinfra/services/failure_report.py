@@ -18,9 +18,10 @@ from typing import Any
 
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.supervision import Restart, SupervisionError
+from rlinfra.services.batches import BatchLedger
 from rlinfra.services.checkpoints import CheckpointStore
-from rlinfra.services.supervisor import UnsupervisedLoss
-from rlinfra.services.weights import WeightSyncError
+from rlinfra.services.supervisor import Supervisor, UnsupervisedLoss
+from rlinfra.services.weights import WeightSync, WeightSyncError
 
 REPORT_FILE = "failure.json"
 
@@ -90,12 +91,15 @@ class FailureReport:
         cls,
         error: BaseException,
         output_dir: Path,
-        attempts: Sequence[Restart] = (),
-        committed_version: int | None = None,
-        details: dict[str, Any] | None = None,
+        supervisor: Supervisor,
+        trainer_restarts: Sequence[Restart],
+        sync: WeightSync | None,
+        ledger: BatchLedger,
     ) -> FailureReport:
-        """The report of a job that keeps its checkpoints in ``output_dir`` (a ``CheckpointStore``)
-        and resumes with ``--resume``: the last checkpoint found there, and the command to go on."""
+        """The report of a launched run that failed, written as ``failure.json`` in ``output_dir``
+        and attached to ``error`` as a note (what the CLI prints under the error). The run keeps
+        its checkpoints there (a ``CheckpointStore``) and resumes with ``--resume``; what was
+        tried is every replacement and trainer restart."""
         saved = CheckpointStore(output_dir).load_latest()
         checkpoint = {"iteration": saved.step, "path": str(saved.path)} if saved is not None else None
         resume = (
@@ -103,7 +107,12 @@ class FailureReport:
             if saved is not None
             else "the same command, without --resume (no checkpoint was written)"
         )
-        return cls.of(error, attempts, committed_version, checkpoint, resume, details)
+        attempts = [*supervisor.restarts, *trainer_restarts]
+        version = sync.version if sync is not None else None
+        report = cls.of(error, attempts, version, checkpoint, resume, {"batches": ledger.summary()})
+        report.write(output_dir)
+        _add_note(error, report.render())
+        return report
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,6 +147,14 @@ class FailureReport:
         if self.resume:
             lines.append(f"to resume: {self.resume}")
         return "\n".join(lines)
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (Python 3.11+), or its effect on 3.10: a ``__notes__`` list."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 __all__ = ["REPORT_FILE", "FailedRank", "FailureReport", "failed_ranks"]
