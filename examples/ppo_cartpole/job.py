@@ -109,6 +109,7 @@ def run(
         )
     except KeyboardInterrupt:
         result.interrupted = True
+        state.ledger.dropped(state.ledger.open_ids)  # in flight at the stop: a resumed run makes its own
     except Exception as error:
         if live is not None and live.supervisor is not None:  # launched: the run failed, report it
             FailureReport.of_run(error, output, live.supervisor, state.trainer_restarts, sync, state.ledger)

@@ -4,9 +4,9 @@ Short runs from a warm-up checkpoint (``tests/fixtures/grpo_start``) check what 
 relies on: the placement is the one ``rlinfra plan`` shows, every sequence carries the version
 that made it (one per batch), batches are at most ``max_staleness`` old, the version barrier
 commits each version once, a killed engine is replaced and re-admitted at the served version, a
-killed trainer rank restarts the trainer from its checkpoint, Ctrl-C releases everything,
-``--resume`` continues, and bad model paths are refused before Ray starts. That GRPO gains +0.25
-held-out accuracy is the one long test here (``-m slow``).
+killed trainer rank restarts the trainer from its checkpoint, Ctrl-C releases everything and
+``--resume`` continues (one run has all four), and bad model paths are refused before Ray
+starts. That GRPO gains +0.25 held-out accuracy is the one long test here (``-m slow``).
 """
 
 from __future__ import annotations
@@ -72,84 +72,71 @@ def test_short_run_places_stamps_versions_syncs_every_update_and_learns(cluster,
     assert_resources_released()
 
 
-def test_a_killed_engine_is_replaced_and_a_killed_trainer_rank_restarts_from_its_checkpoint(
+def test_a_killed_engine_and_trainer_rank_are_recovered_then_ctrl_c_stops_and_resume_continues(
     cluster, tmp_path
 ) -> None:
-    # Two faults in one run. After update 1 an engine is SIGKILLed while it generates batch 2: it
-    # is replaced and re-admitted at the served version. A checkpoint every other update, and a
+    # Three events in one run. After update 1 an engine is SIGKILLed while it generates batch 2:
+    # it is replaced and re-admitted at the served version. A checkpoint every other update, and a
     # trainer rank killed after update 3: update 3 is lost with the trainer and redone from the
-    # checkpoint of update 2, on the same prompts.
+    # checkpoint of update 2, on the same prompts. After update 4, a Ctrl-C that some code
+    # swallows: the run stops all the same, releases everything, and ``resume`` goes on to 6.
     updates, killed = 6, []
 
-    def kill(record: dict) -> None:
-        if record["iteration"] == 1:
+    def kill_then_ctrl_c(record: dict) -> None:
+        if record["iteration"] == 1 and not killed:
             killed.append(sigkill("rollout:0"))
         if record["iteration"] == 3 and len(killed) == 1:  # the next update finds rank 1 dead
             killed.append(sigkill("actor:1"))
+        if record["iteration"] == 4:
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
 
-    cfg = short_run(tmp_path, f"algo.updates={updates}", "algo.eval_every=3", "run.checkpoint_every=2")
-    result = run(cfg, cluster=cluster, on_iteration=kill)
+    overrides = (f"algo.updates={updates}", "algo.eval_every=3", "run.checkpoint_every=2")
+    stopped = run(short_run(tmp_path, *overrides), cluster=cluster, on_iteration=kill_then_ctrl_c)
 
-    assert len(killed) == 2 and result.iterations == updates
-    (recovery,) = result.state.recoveries
+    assert len(killed) == 2 and stopped.interrupted and stopped.iterations == 4
+    (recovery,) = stopped.state.recoveries
     (replaced,) = recovery.restarts
     assert (replaced.component, replaced.rank, replaced.outcome) == ("rollout", 0, "replaced")
     assert recovery.admitted_version is not None
-    (restart,) = result.state.trainer_restarts
+    (restart,) = stopped.state.trainer_restarts
     assert (restart.component, restart.outcome) == ("actor", "restarted")
     assert restart.detail == "from the checkpoint of update 2" and "[1]" in restart.reason
+    # Every id ended once. The engine's kill lands while batch 2 is generated or just after: lost
+    # and made again, or found dead at the next call (the commit); update 3's first batches were
+    # rolled back with the trainer; those in flight at the stop were dropped.
+    batches = stopped.state.ledger.summary()
+    assert batches["duplicated"] == 0 and batches["open"] == 0 and batches["lost"] <= 1
+    assert batches["trained"] == 4 * ENGINES and batches["rolled_back"] == ENGINES
+    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
+    assert ended == batches["issued"]
+    assert_resources_released()
+
+    resumed = run(short_run(tmp_path, *overrides), cluster=cluster, resume=True)
+    assert resumed.resumed_from == 4 and resumed.iterations == updates and not resumed.interrupted
     # Each update once in the record, in order; TensorBoard's redone steps purged the same way.
     records = read_metrics(tmp_path)
     assert [r["iteration"] for r in records] == list(range(1, updates + 1))
     board = read_tensorboard(tmp_path)
     assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
-    # The held-out curve: the warm-up point, then one point per evaluation, the redone one once.
-    assert [point[0] for point in result.state.curve] == [0, 3, 6]
-    # The trainer applied exactly one update per iteration across the restart, and the prompt
-    # stream was rewound with it: the same prompts as a run without the faults (a lost batch is
-    # made again from its own prompts).
+    # The held-out curve goes on across the restart and the resume: the warm-up point, then one
+    # point per evaluation, the redone one once.
+    assert [point[0] for point in resumed.state.curve] == [0, 3, 6]
+    # The trainer applied exactly one update per iteration across the restart and the resume, and
+    # the prompt stream was rewound with it: the same prompts as a run without the faults (a lost
+    # batch is made again from its own prompts).
     saved = CheckpointStore(tmp_path).load_latest()
     assert saved is not None and saved.step == updates
     actor = torch.load(io.BytesIO(saved.payloads["actor"]), weights_only=True)
     assert actor["updates"] == updates
-    assert result.state.sampler_draws == updates * result.job.algo.prompts_per_step
-    # Versions only rise: the restored weights were served above the last one, batch by batch.
-    assert result.state.served_versions == sorted(set(result.state.served_versions))
+    assert resumed.state.sampler_draws == updates * resumed.job.algo.prompts_per_step
+    # The trainer went on from its restored version instead of starting again, the engines served
+    # it, and versions only rise: the restarted trainer's weights were served above the last one.
+    versions = [*stopped.state.served_versions, *resumed.state.served_versions]
+    assert versions == sorted(set(versions))
+    assert records[-1]["learner_version"] == records[3]["learner_version"] + 2
     assert all(r["staleness"] <= 1 for r in records)
-    # Every id ended once. The engine's kill lands while batch 2 is generated or just after: lost
-    # and made again, or found dead at the next call (the commit).
-    batches = result.state.ledger.summary()
-    assert batches["duplicated"] == 0 and batches["open"] == 0 and batches["lost"] <= 1
-    assert batches["trained"] == updates * ENGINES and batches["rolled_back"] == ENGINES
-    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
-    assert ended == batches["issued"]
-    assert_resources_released()
-
-
-def test_interrupt_releases_everything_and_resume_continues(cluster, tmp_path) -> None:
-    def swallowed_ctrl_c_at_four(record: dict) -> None:
-        if record["iteration"] == 4:
-            with contextlib.suppress(KeyboardInterrupt):
-                signal.raise_signal(signal.SIGINT)
-
-    overrides = ("algo.eval_every=3", "run.checkpoint_every=2")
-    stopped = run(
-        short_run(tmp_path, "algo.updates=20", *overrides),
-        cluster=cluster,
-        on_iteration=swallowed_ctrl_c_at_four,
-    )
-    assert stopped.interrupted and stopped.iterations == 4
-    assert_resources_released()
-
-    resumed = run(short_run(tmp_path, "algo.updates=6", *overrides), cluster=cluster, resume=True)
-    assert resumed.resumed_from == 4 and resumed.iterations == 6 and not resumed.interrupted
-    records = read_metrics(tmp_path)
-    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
-    # The trainer went on from version 4 (restored) instead of starting again; the engines served it.
-    assert records[-1]["learner_version"] == 6
-    assert resumed.state.served_versions[0] == 4
-    # The held-out curve goes on too: the warm-up point and the evaluations before the stop are kept.
-    assert [point[0] for point in resumed.state.curve] == [0, 3, 6]
+    assert resumed.state.ledger.summary()["trained"] == (updates - 4) * ENGINES
     assert_resources_released()
 
 

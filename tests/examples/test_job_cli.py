@@ -65,7 +65,7 @@ def test_sigint_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) -
     """The real command in its own process: its plan shown first, Ctrl-C in the middle of a
     run ends it with status 130, everything released (its embedded Ray too), a checkpoint written
     and the way to resume printed. What ``--resume`` then does is tested in-process
-    (``test_job_disaggregated``); that the CLI passes the flag, in ``tests/cli/test_run.py``."""
+    (``test_job_faults``); that the CLI passes the flag, in ``tests/cli/test_run.py``."""
     out = tmp_path / "run"
     process = _start("algo.iterations=50", f"run.output_dir={out}")
     _wait_for_iterations(out, 2, process, timeout_s=180)

@@ -11,6 +11,7 @@ on how much each rollout holds.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import signal
@@ -45,24 +46,36 @@ def faulty(*overrides: str):
     return job_config("disaggregated", *LAYOUT, *overrides)
 
 
-def test_killed_rollout_and_env_workers_are_replaced_and_nothing_is_lost(cluster, tmp_path) -> None:
+def test_killed_workers_are_replaced_and_a_killed_trainer_rank_restarts_from_its_checkpoint(
+    cluster, tmp_path
+) -> None:
+    # Four faults in one run: rollout:1 and env:0 killed mid-collection (iterations 2 and 5),
+    # env:1 between collecting and training (3), and trainer rank actor:1 after iteration 7 with
+    # a checkpoint every other iteration: iteration 8's update is lost with the trainer and redone
+    # (its batches rolled back) from the checkpoint of 6.
+    iterations, checkpoint_every = 8, 2
     killed: dict[int, str] = {}
 
     def kill_mid_collection(record: dict) -> None:
-        # With max_staleness 1 the next rollout is being collected while this runs: the kill
-        # lands mid-collection.
-        victim = {2: "rollout:1", 5: "env:0"}.get(record["iteration"])
-        if victim is not None:
+        # With max_staleness 1 the next rollout is being collected while this runs: the kill lands
+        # mid-collection; actor:1 dies before the next update is issued, and rank 0 waits in the
+        # gradient all-reduce with it until the group is torn down.
+        victim = {2: "rollout:1", 5: "env:0", 7: "actor:1"}.get(record["iteration"])
+        if victim is not None and record["iteration"] not in killed:
             sigkill(victim)
             killed[record["iteration"]] = victim
 
     def kill_env_one_after_its_rollout(rollouts) -> None:
         # Called between collecting and training: env:1 dies owning the rollout it just made.
-        if rollouts.iteration == 3:
+        if rollouts.iteration == 3 and 3 not in killed:
             sigkill("env:1")
             killed[3] = "env:1"
 
-    cfg = faulty("algo.iterations=7", f"run.output_dir={tmp_path}")
+    cfg = faulty(
+        f"algo.iterations={iterations}",
+        f"run.checkpoint_every={checkpoint_every}",
+        f"run.output_dir={tmp_path}",
+    )
     result = run(
         cfg,
         cluster=cluster,
@@ -70,41 +83,38 @@ def test_killed_rollout_and_env_workers_are_replaced_and_nothing_is_lost(cluster
         between_rollouts=kill_env_one_after_its_rollout,
     )
 
-    assert result.iterations == 7 and not result.interrupted
-    assert killed == {2: "rollout:1", 3: "env:1", 5: "env:0"}
+    assert result.iterations == iterations and not result.interrupted
+    assert killed == {2: "rollout:1", 3: "env:1", 5: "env:0", 7: "actor:1"}
     replaced = [(r.component, r.rank, r.outcome) for rec in result.state.recoveries for r in rec.restarts]
     assert replaced == [("rollout", 1, "replaced"), ("env", 1, "replaced"), ("env", 0, "replaced")]
-    # Every batch id ended once: trained, or lost with its worker (and made again under a new id,
-    # or, for env:1's finished rollout, the update made on env:0's alone): never half-used.
+    (restart,) = result.state.trainer_restarts
+    assert (restart.component, restart.outcome) == ("actor", "restarted")
+    assert restart.detail == "from the checkpoint of iteration 6" and "[1]" in restart.reason
+    # Each iteration once in the record, in order: nothing repeated, nothing skipped; TensorBoard
+    # shows the same (the redone iteration's first attempt was purged).
+    records = reporting.read_metrics(tmp_path)
+    assert [r["iteration"] for r in records] == list(range(1, iterations + 1))
+    board = read_tensorboard(tmp_path)
+    assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
+    # The trainer applied exactly one update per iteration, across the restart.
+    checkpoint = reporting.load_checkpoint(tmp_path)
+    actor = torch.load(io.BytesIO(checkpoint["actor"]), weights_only=True)
+    assert actor["updates"] == checkpoint["driver"]["iteration"] == iterations
+    # Every batch id ended once: trained, lost with its worker (and made again under a new id, or,
+    # for env:1's finished rollout, the update made on env:0's alone), or rolled back with the
+    # trainer: never half-used.
     batches = result.batches
     assert batches["duplicated"] == 0 and batches["open"] == 0 and batches["lost"] >= 2
-    assert batches["trained"] + batches["dropped"] + batches["lost"] == batches["issued"]
-    assert batches["trained"] == 7 * 2 - 1  # two env workers, one batch each per iteration
-    # The replaced rollout worker served the committed version: every batch is one version, and
-    # the versions still advance by one per iteration.
+    assert batches["trained"] == iterations * 2 - 1  # two env workers, one batch each per iteration
+    assert batches["rolled_back"] == 2  # iteration 8's first attempt
+    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
+    assert ended == batches["issued"]
+    # The replaced rollout worker served the committed version: every batch is one version, the
+    # versions advance by one per iteration up to the trainer's loss, and they only ever rise (the
+    # restored weights were re-published above the last one served).
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.served_versions == list(range(7))
-    assert_resources_released()
-
-
-def test_rollout_workers_removed_and_added_back_mid_run(cluster, tmp_path) -> None:
-    def scale(rollouts) -> None:
-        if rollouts.iteration == 2:
-            rollouts.remove([1])
-        elif rollouts.iteration == 4:
-            rollouts.add([1])
-
-    cfg = faulty("algo.iterations=6", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, between_rollouts=scale)
-
-    records = reporting.read_metrics(tmp_path)
-    assert [r["rollout_workers"] for r in records] == [2, 2, 1, 1, 2, 2]
-    # The added worker was admitted at the committed version: no batch mixes versions, and the
-    # versions advance by one per iteration as in a run without changes.
-    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.served_versions == list(range(6))
-    assert result.batches["trained"] == 12 and result.batches["duplicated"] == 0
-    assert result.state.recoveries == []  # nothing died
+    assert result.served_versions[:7] == list(range(7))
+    assert result.served_versions == sorted(set(result.served_versions))
     assert_resources_released()
 
 
@@ -135,7 +145,9 @@ def test_a_dead_rollout_worker_past_its_restart_budget_stops_the_run(cluster, tm
     assert_resources_released()
 
 
-def test_ctrl_c_during_a_recovery_still_releases_everything(cluster, tmp_path, monkeypatch) -> None:
+def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
+    cluster, tmp_path, monkeypatch
+) -> None:
     replace = WorkerGroup.replace
 
     def replace_then_ctrl_c(self, rank, reason="", **options):
@@ -150,52 +162,29 @@ def test_ctrl_c_during_a_recovery_still_releases_everything(cluster, tmp_path, m
             sigkill("rollout:1")
 
     cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
-    assert result.interrupted and result.iterations == 2
+    stopped = run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
+    assert stopped.interrupted and stopped.iterations == 2
     assert_resources_released()
+    assert reporting.load_checkpoint(tmp_path)["driver"]["iteration"] == 2
 
+    def swallowed_ctrl_c_at_four(record: dict) -> None:
+        if record["iteration"] == 4:
+            # A real SIGINT whose KeyboardInterrupt some code swallows: the job must stop all the
+            # same (at the end of the iteration), not train on.
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
 
-def test_trainer_rank_killed_restarts_from_checkpoint_without_repeating_or_skipping(cluster, tmp_path):
-    # A checkpoint every other iteration, the kill one iteration after one: iteration 3's update
-    # is lost with the trainer and redone (its batches rolled back), from the checkpoint of 2.
-    checkpoint_every, kill_after, rolled_back = 2, 3, 2
-    killed = []
-
-    def kill_trainer_rank_one(record: dict) -> None:
-        # The next update comes next: rank 1 is dead when it is issued, and rank 0 waits in the
-        # gradient all-reduce with it until the group is torn down.
-        if record["iteration"] == kill_after and not killed:
-            sigkill("actor:1")
-            killed.append(record["iteration"])
-
-    cfg = faulty(
-        "algo.iterations=6",
-        f"run.checkpoint_every={checkpoint_every}",
-        f"run.output_dir={tmp_path}",
-    )
-    result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
-
-    assert result.iterations == 6 and killed == [kill_after]
-    (restart,) = result.state.trainer_restarts
-    assert (restart.component, restart.outcome) == ("actor", "restarted")
-    assert restart.detail == "from the checkpoint of iteration 2" and "[1]" in restart.reason
-    # Each iteration once in the record, in order: nothing repeated, nothing skipped.
+    cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
+    resumed = run(cfg, cluster=cluster, resume=True, on_iteration=swallowed_ctrl_c_at_four)
+    assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.interrupted
     records = reporting.read_metrics(tmp_path)
-    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
-    # TensorBoard shows the same: the redone iteration's first attempt was purged.
-    board = read_tensorboard(tmp_path)
-    assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
-    # The trainer applied exactly one update per iteration, across the restart.
-    checkpoint = reporting.load_checkpoint(tmp_path)
-    actor = torch.load(io.BytesIO(checkpoint["actor"]), weights_only=True)
-    assert actor["updates"] == checkpoint["driver"]["iteration"] == 6
-    # Versions only rise: the restored weights were re-published above the last one served.
-    assert result.served_versions == sorted(set(result.served_versions))
-    batches = result.batches
-    assert batches["duplicated"] == 0 and batches["open"] == 0
-    assert batches["trained"] == 6 * 2 and batches["rolled_back"] == rolled_back
-    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
-    assert ended == batches["issued"]
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    # The trainer continued from version 2 (restored), rather than starting again at 0, and the
+    # rollout workers (both of them: the one replaced before the stop too) served it.
+    assert records[-1]["learner_version"] == 4 and records[-1]["rollout_workers"] == 2
+    assert resumed.served_versions[0] == 2
+    assert resumed.env_steps == 4 * 16 * 64
+    assert reporting.load_checkpoint(tmp_path)["driver"]["iteration"] == 4
     assert_resources_released()
 
 
@@ -217,22 +206,44 @@ def test_trainer_past_its_restart_budget_stops_the_run(cluster, tmp_path):
     assert_resources_released()
 
 
-def test_a_lost_node_leaves_its_rollout_worker_out_and_the_run_goes_on(cluster, tmp_path) -> None:
+def test_rollout_workers_removed_and_added_back_then_a_lost_node_leaves_its_worker_out(
+    cluster, tmp_path
+) -> None:
+    # Last in this module: node 2 stays lost. Rollout worker 1 is removed after iteration 2 and
+    # added back after 4 (elastic rollout); its node is lost after iteration 6, and the run goes
+    # on without it (a lost node's rank cannot be replaced).
+    iterations = 8
+
+    def scale(rollouts) -> None:
+        if rollouts.iteration == 2:
+            rollouts.remove([1])
+        elif rollouts.iteration == 4:
+            rollouts.add([1])
+
     def lose_node_two(record: dict) -> None:
-        if record["iteration"] == 2:
+        if record["iteration"] == 6:
             node_two = cluster.nodes[2].node_id
             cluster.embedded.kill_node(
                 next(n for n in cluster.embedded.simulated_nodes if n.node_id == node_two)
             )
 
-    cfg = faulty("algo.iterations=5", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, on_iteration=lose_node_two)
+    cfg = faulty(f"algo.iterations={iterations}", f"run.output_dir={tmp_path}")
+    result = run(cfg, cluster=cluster, between_rollouts=scale, on_iteration=lose_node_two)
 
-    assert result.iterations == 5 and not result.interrupted
+    assert result.iterations == iterations and not result.interrupted
+    records = reporting.read_metrics(tmp_path)
+    workers = [r["rollout_workers"] for r in records]
+    assert workers[:6] == [2, 2, 1, 1, 2, 2] and workers[-1] == 1, workers
+    # Removing and adding killed nothing; the lost node is the one recovery: its rank dropped.
     (recovery,) = result.state.recoveries
     assert recovery.dropped == [("rollout", 1)]
     assert [(r.component, r.rank, r.node_rank, r.outcome) for r in recovery.restarts] == []
-    records = reporting.read_metrics(tmp_path)
-    assert [r["rollout_workers"] for r in records][-2:] == [1, 1]
+    # The added worker was admitted at the committed version: no batch mixes versions, and the
+    # versions advance by one per iteration as in a run without changes.
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.batches["duplicated"] == 0 and result.batches["open"] == 0
+    assert result.served_versions[:6] == list(range(6))
+    assert result.served_versions == sorted(set(result.served_versions))
+    batches = result.batches
+    assert batches["duplicated"] == 0 and batches["open"] == 0
+    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
+    assert ended == batches["issued"]
