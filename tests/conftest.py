@@ -2,13 +2,14 @@
 
 A module that defines ``CFG`` (a full config with a ``cluster`` section, usually ``simulate``-d)
 gets a Ray cluster for the whole module (``cluster``) and its ``ComponentPlacement``
-(``placement``). Starting Ray costs seconds on two cores, so a cluster is kept for the next
-module when that one asks for the same cluster section (``component_placement`` aside) and the
-cluster is as it was started: every node alive, no placement group, every CPU and GPU free and no
-named actor left. Modules are run grouped by their cluster section (in order of first
-appearance; tests keep their order inside a module) so that such neighbours exist. Any module
-that wants another cluster, or none (it may start its own Ray, in-process or in a subprocess),
-finds none running.
+(``placement``). Starting Ray costs seconds on two cores, so the Ray a module ran on is kept for
+the next module whose cluster section asks for the same Ray (the same nodes, devices, CPUs,
+resources and labels: ``node_groups`` and the other keys that only shape a ``Cluster`` may
+differ) when it is as it was started: every node alive, no placement group, every CPU and GPU
+free and no named actor left. Such a module gets a ``Cluster`` of its own section on that Ray.
+Modules are run grouped by the Ray they ask for (in order of first appearance; tests keep their
+order inside a module) so that such neighbours exist. Any module that wants another Ray, or none
+(it may start its own, in-process or in a subprocess), finds none running.
 """
 
 from __future__ import annotations
@@ -24,21 +25,41 @@ from omegaconf import OmegaConf
 
 from rlinfra import Cluster, ComponentPlacement
 
-_kept: dict[str, Cluster] = {}  # cluster section (as JSON) -> the cluster kept for the next module
+# The Ray asked for (see _ray_key) -> the cluster that started it, and the section it was made from.
+_kept: dict[str, tuple[Cluster, dict[str, Any] | None]] = {}
+
+# The cluster keys that decide which Ray is started (see ``Cluster``); the others only shape the
+# ``Cluster`` object made on it (node groups, their env, hardware) and can differ between modules.
+_RAY_KEYS = (
+    "address",
+    "num_nodes",
+    "simulate",
+    "simulate_cpus",
+    "simulate_labels",
+    "simulate_object_store_mib",
+    "simulate_resources",
+)
 
 
-def _cluster_key(module: Any) -> str | None:
+def _cluster_section(module: Any) -> dict[str, Any] | None:
+    """The module's cluster section, ``component_placement`` aside (a ``Cluster`` ignores it)."""
     cfg = getattr(module, "CFG", None)
     if cfg is None:
         return None
     section = OmegaConf.to_container(OmegaConf.create(dict(cfg))["cluster"], resolve=True)
     assert isinstance(section, dict)
-    section.pop("component_placement", None)
-    return json.dumps(section, sort_keys=True, default=str)
+    return {str(key): value for key, value in section.items() if key != "component_placement"}
+
+
+def _ray_key(module: Any) -> str | None:
+    section = _cluster_section(module)
+    if section is None:
+        return None
+    return json.dumps({k: v for k, v in section.items() if k in _RAY_KEYS}, sort_keys=True, default=str)
 
 
 def _shut_down_kept() -> None:
-    for live in _kept.values():
+    for live, _ in _kept.values():
         live.shutdown()
     _kept.clear()
 
@@ -67,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order: list[tuple[int, int]] = []
     for index, item in enumerate(items):
         module = getattr(item, "module", None)
-        key = _cluster_key(module) if module is not None else None
+        key = _ray_key(module) if module is not None else None
         name = key if key is not None else f"module:{item.nodeid.split('::')[0]}"
         order.append((group_of.setdefault(name, len(group_of)), index))
     ranked = sorted(range(len(items)), key=lambda i: order[i])
@@ -83,25 +104,28 @@ def _kept_clusters_end_with_the_session() -> Iterator[None]:
 @pytest.fixture(scope="module", autouse=True)
 def _no_foreign_cluster(request: pytest.FixtureRequest) -> None:
     """A kept cluster another module asked for is stopped before this module's first test."""
-    if _cluster_key(request.module) not in _kept:
+    if _ray_key(request.module) not in _kept:
         _shut_down_kept()
 
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    key = _cluster_key(request.module)
+    key = _ray_key(request.module)
     assert key is not None, "a module using the cluster fixture defines CFG"
-    live = _kept.pop(key, None)
-    if live is None:
+    section = request.module.CFG["cluster"]
+    wanted = _cluster_section(request.module)
+    started, started_from = _kept.pop(key, (None, None))
+    if started is None:
         _shut_down_kept()
-        live = Cluster(cluster_cfg=request.module.CFG["cluster"])
+        started, started_from = Cluster(cluster_cfg=section), wanted
     try:
-        yield live
+        # Another section on the same Ray: a Cluster of its own (it attaches, and stops nothing).
+        yield started if wanted == started_from else Cluster(cluster_cfg=section)
     finally:
-        if _as_started(live):
-            _kept[key] = live
+        if _as_started(started):
+            _kept[key] = (started, started_from)
         else:
-            live.shutdown()
+            started.shutdown()
 
 
 @pytest.fixture(scope="module")

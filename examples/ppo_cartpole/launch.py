@@ -14,7 +14,8 @@ from typing import Any
 from examples.ppo_cartpole.config import JobConfig, JobConfigError
 from examples.ppo_cartpole.env_worker import EnvWorker
 from examples.ppo_cartpole.ppo.config import PPOConfig
-from examples.ppo_cartpole.workers import ActorWorker, RolloutWorker
+from examples.ppo_cartpole.rollout_worker import RolloutWorker
+from examples.ppo_cartpole.workers import ActorWorker
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.placement import PlacementError
 from rlinfra.runtime.group import WorkerGroup

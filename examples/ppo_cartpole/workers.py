@@ -1,10 +1,7 @@
-"""The job's components that hold the policy, as rlinfra ``Worker`` classes (the env workers,
-which do not, are in ``env_worker.py``).
-
-    rollout  policy inference: serves ``act``/``value`` from the weights it was last given, behind
-             the version barrier's gate (``WeightReceiver``)
-    actor    the trainer: PPO updates, data-parallel over torch.distributed (gloo), rank 0 publishes
-             the weights (``WeightSender``)
+"""The job's trainer as an rlinfra ``Worker`` class: PPO updates, data-parallel over
+torch.distributed (gloo); rank 0 publishes the weights (``WeightSender``). The rollout workers
+(policy inference behind the version barrier's gate) are in ``rollout_worker.py``, a light module
+because the env workers (``env_worker.py``, no torch) hold their handles.
 
 Everything that is not placement, launch or weight movement is the Ray-free PPO core in ``ppo/``.
 """
@@ -12,62 +9,18 @@ Everything that is not placement, launch or weight movement is the Ray-free PPO 
 from __future__ import annotations
 
 import io
-import threading
 from typing import Any
 
 import numpy as np
 import ray
 import torch
 
-from examples.ppo_cartpole.ppo.buffer import PolicyOutput, RolloutBatch
+from examples.ppo_cartpole.ppo.buffer import RolloutBatch
 from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.ppo.learner import Learner
 from examples.ppo_cartpole.ppo.policy import ActorCritic
 from rlinfra import Worker
-from rlinfra.services.weights import WeightReceiver, WeightSender, WeightsView
-
-
-class RolloutWorker(WeightReceiver, Worker):
-    """Batched policy inference. Launched with ``max_concurrency=2``: one thread serves the env
-    workers while the other stages the next weights into the shadow buffer."""
-
-    weights_as_torch = True
-
-    def __init__(self, algo: dict[str, Any], obs_dim: int, num_actions: int) -> None:
-        torch.set_num_threads(1)
-        config = PPOConfig(**algo)
-        self.policy = ActorCritic(obs_dim, num_actions, config.hidden_size)
-        # Each rank samples its own stream, reproducibly, without touching torch's global RNG.
-        self.generator = torch.Generator().manual_seed(config.seed * 7919 + self._rank)
-        self.loaded_version: int | None = None
-        # One request at a time per worker: loading new weights must never overlap a forward pass
-        # (which would compute with one version and stamp another), and the generator is not
-        # thread-safe. The second thread of the actor is for weight staging, not inference.
-        self.inference_lock = threading.Lock()
-
-    def act(self, obs: np.ndarray) -> tuple[PolicyOutput, int]:
-        """Actions, log-probabilities and values for a batch of observations, with the version."""
-        with self.serving() as weights, self.inference_lock:
-            self._load(weights)
-            return self.policy.act(np.array(obs), self.generator), weights.version
-
-    def value(self, obs: np.ndarray) -> tuple[np.ndarray, int]:
-        """V(s), to bootstrap truncated episodes and the cut at the end of a rollout."""
-        with self.serving() as weights, self.inference_lock:
-            self._load(weights)
-            return self.policy.value(np.array(obs)), weights.version
-
-    def _load(self, weights: WeightsView) -> None:
-        """Copy a newly swapped-in version into the module once (10k parameters: microseconds)."""
-        if weights.version != self.loaded_version:
-            # Initial weights arrive as read-only numpy views of the object store: copy them.
-            self.policy.load_weights({name: _writable_tensor(t) for name, t in weights.tensors.items()})
-            self.loaded_version = weights.version
-
-
-def _writable_tensor(value: Any) -> torch.Tensor:
-    """Ray hands numpy arrays over as read-only views of its object store; torch wants to own them."""
-    return value.clone() if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
+from rlinfra.services.weights import WeightSender
 
 
 class ActorWorker(WeightSender, Worker):

@@ -25,8 +25,7 @@ STUCK_AFTER = 2.0
 CFG: dict[str, Any] = {
     "cluster": {
         "num_nodes": 2,
-        "simulate": "0,0",
-        "simulate_cpus": 2,
+        "simulate": "2x4",  # the Ray of the weight-sync and rendezvous tests (see conftest)
         "component_placement": {"probe": {"node_group": "node", "placement": "1"}},
     }
 }
