@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an installed package
 
+from benchmarks.bundled_job import run_bundled  # noqa: E402
 from examples.grpo_lm.lm.config import GRPOConfig  # noqa: E402
 from examples.grpo_lm.lm.engine import GenerationEngine  # noqa: E402
 from examples.grpo_lm.lm.model import load_pretrained  # noqa: E402
@@ -122,19 +122,7 @@ def _hf_generate(model, tokenizer, prompts: list[str], config: GRPOConfig) -> in
 
 
 def run_layout(name: str, seed: int, folder: Path) -> dict[str, Any]:
-    output = folder / name
-    command = [
-        str(Path(sys.executable).with_name("rlinfra")),
-        "run",
-        str(ROOT / "examples" / "grpo_lm" / f"{name}.yaml"),
-        f"run.output_dir={output}",
-        f"algo.seed={seed}",
-    ]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=GOAL_S * 3)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    output, wall = run_bundled("grpo_lm", name, seed, folder, timeout_s=GOAL_S * 3)
     summary = json.loads((output / "summary.json").read_text())
     records = read_metrics(output)[1:]  # the first iteration commits nothing
     pauses = [r["pause_s"] / r["train_s"] for r in records if r["train_s"] > 0]

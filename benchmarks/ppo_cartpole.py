@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an installed package
 
+from benchmarks.bundled_job import run_bundled  # noqa: E402
 from examples.ppo_cartpole import reporting  # noqa: E402
 from examples.ppo_cartpole.ppo.config import PPOConfig  # noqa: E402
 from examples.ppo_cartpole.ppo.train_local import train  # noqa: E402
@@ -44,19 +43,7 @@ def run_local(seed: int) -> dict[str, float]:
 
 
 def run_layout(name: str, seed: int, folder: Path) -> dict[str, float]:
-    output = folder / name
-    command = [
-        str(Path(sys.executable).with_name("rlinfra")),
-        "run",
-        str(ROOT / "examples" / "ppo_cartpole" / f"{name}.yaml"),
-        f"run.output_dir={output}",
-        f"algo.seed={seed}",
-    ]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=GOAL_S * 2)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    output, wall = run_bundled("ppo_cartpole", name, seed, folder, timeout_s=GOAL_S * 2)
     records = reporting.read_metrics(output)
     last = records[-1]
     solved = [r for r in records if (r["mean_return"] or 0) >= PPOConfig().target_return]

@@ -91,7 +91,7 @@ def test_a_killed_engine_and_trainer_rank_are_recovered_then_ctrl_c_stops_and_re
             with contextlib.suppress(KeyboardInterrupt):
                 signal.raise_signal(signal.SIGINT)
 
-    overrides = (f"algo.updates={updates}", "algo.eval_every=3", "run.checkpoint_every=2")
+    overrides = (f"algo.updates={updates}", "algo.eval_every=3", "run.checkpoint_every=2", "run.plot=false")
     stopped = run(short_run(tmp_path, *overrides), cluster=cluster, on_iteration=kill_then_ctrl_c)
 
     assert len(killed) == 2 and stopped.interrupted and stopped.iterations == 4

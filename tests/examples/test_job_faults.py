@@ -5,8 +5,8 @@
 
 Workers are SIGKILLed by pid (``sigkill``), mid-collection, between collecting and training, and
 during weight updates; trainer ranks too; the budgets in the YAML are overridden per test. Short
-rollouts (``algo.num_steps=64``) keep each run to seconds: the behaviour checked does not depend
-on how much each rollout holds.
+rollouts (``algo.num_steps=64``) and no plot keep each run to seconds: the behaviour checked does
+not depend on how much each rollout holds.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ LAYOUT = (
     "cluster.component_placement.actor.placement=0-1",
     "cluster.component_placement.rollout.placement='2,4'",
     "algo.num_steps=64",
+    "run.plot=false",  # the learning curve is the other tests' (a second of matplotlib per run)
 )
 CFG = job_config("disaggregated", *LAYOUT)
 
@@ -164,6 +165,8 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
     cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
     stopped = run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
     assert stopped.interrupted and stopped.iterations == 2
+    # Every batch id ended, those in flight at the stop too (dropped: the resumed run makes its own).
+    assert stopped.batches["open"] == 0 and stopped.batches["duplicated"] == 0
     assert_resources_released()
     assert reporting.load_checkpoint(tmp_path)["driver"]["iteration"] == 2
 
@@ -185,6 +188,7 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
     assert resumed.served_versions[0] == 2
     assert resumed.env_steps == 4 * 16 * 64
     assert reporting.load_checkpoint(tmp_path)["driver"]["iteration"] == 4
+    assert resumed.batches["open"] == 0 and resumed.batches["trained"] == 2 * 2
     assert_resources_released()
 
 
