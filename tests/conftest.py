@@ -5,10 +5,11 @@ gets a Ray cluster for the whole module (``cluster``) and its ``ComponentPlaceme
 (``placement``). Starting Ray costs seconds on two cores, so the Ray a module ran on is kept for
 the next module whose cluster section asks for the same Ray (the same nodes, devices, CPUs,
 resources and labels: ``node_groups`` and the other keys that only shape a ``Cluster`` may
-differ) when it is as it was started: every node alive, no placement group, every CPU and GPU
-free and no named actor left. Such a module gets a ``Cluster`` of its own section on that Ray.
-Modules are run grouped by the Ray they ask for (in order of first appearance; tests keep their
-order inside a module) so that such neighbours exist. Any module that wants another Ray, or none
+differ) when it is as it was started: every node alive (a node a module killed is started again
+under its rank), no placement group, every CPU and GPU free and no named actor left. Such a
+module gets a ``Cluster`` of its own section on that Ray. Modules are run grouped by the Ray they
+ask for (in order of first appearance; tests keep their order inside a module) so that such
+neighbours exist. Any module that wants another Ray, or none
 (it may start its own, in-process or in a subprocess), finds none running.
 """
 
@@ -62,6 +63,15 @@ def _shut_down_kept() -> None:
     for live, _ in _kept.values():
         live.shutdown()
     _kept.clear()
+
+
+def _restart_lost_nodes(live: Cluster) -> None:
+    """A module that rehearsed node loss leaves its simulated nodes started again (under their
+    ranks, see ``Cluster.restart_node``), so the next module can have this Ray as it was started."""
+    if live.embedded is None:
+        return
+    for rank in sorted(live.dead_node_ranks() - {0}):  # the head is never restarted
+        live.restart_node(rank)
 
 
 def _as_started(live: Cluster, settle_s: float = 10.0) -> bool:
@@ -122,6 +132,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         # Another section on the same Ray: a Cluster of its own (it attaches, and stops nothing).
         yield started if wanted == started_from else Cluster(cluster_cfg=section)
     finally:
+        _restart_lost_nodes(started)
         if _as_started(started):
             _kept[key] = (started, started_from)
         else:

@@ -112,6 +112,25 @@ class Cluster:
                 return node.rank
         return None
 
+    def kill_node(self, rank: int) -> None:
+        """Rehearse a crash: kill simulated node ``rank`` and everything on it at once. Only a
+        cluster that started its own simulated Ray has nodes to kill."""
+        self._embedded_or_refuse("kill").kill_node(rank)
+
+    def restart_node(self, rank: int) -> None:
+        """Bring a killed simulated node back under its rank (a new node id; the same devices,
+        CPUs, resources and labels) and wait until Ray reports it alive; ``nodes`` then lists it."""
+        self._embedded_or_refuse("restart").restart_node(rank)
+        self.nodes = self._wait_for_nodes(self.config.node_timeout)
+
+    def _embedded_or_refuse(self, action: str) -> EmbeddedRay:
+        if self._embedded is None:
+            raise ClusterError(
+                f"cannot {action} node: this Cluster is attached to a Ray it did not start; only a "
+                "simulated cluster it started (cluster.simulate) has nodes to kill and restart"
+            )
+        return self._embedded
+
     def dead_node_ranks(self) -> set[int]:
         """Ranks of this cluster's nodes that Ray no longer reports alive."""
         alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}

@@ -24,8 +24,12 @@ HEALTH_CHECK_CONFIG = {"health_check_period_ms": 500, "health_check_failure_thre
 class EmbeddedRay:
     """A Ray instance this process started, and knows how to stop."""
 
-    def __init__(self, simulated: Any | None) -> None:
+    def __init__(
+        self, simulated: Any | None, node_args: Sequence[dict[str, Any]] = (), nodes: Sequence[Any] = ()
+    ) -> None:
         self._simulated = simulated
+        self._node_args = list(node_args)  # per node rank: what its raylet was started with
+        self._nodes = dict(enumerate(nodes))  # node rank -> its ``ray._private.node.Node`` (head: 0)
 
     @classmethod
     def start_local(cls, num_cpus: int | None = None, num_gpus: int | None = None) -> EmbeddedRay:
@@ -60,46 +64,58 @@ class EmbeddedRay:
             for rank, node in enumerate(labels_per_node or [{} for _ in accelerators_per_node])
         ]
         store = {"object_store_memory": object_store_bytes} if object_store_bytes else {}
+        node_args: list[dict[str, Any]] = [
+            {
+                "num_cpus": cpus_per_node,
+                "num_gpus": count,
+                "resources": extra[rank],
+                "labels": labels[rank],
+                **store,
+            }
+            for rank, count in enumerate(accelerators_per_node)
+        ]
         simulated = RayTestCluster(
             initialize_head=True,
             head_node_args={
-                "num_cpus": cpus_per_node,
-                "num_gpus": accelerators_per_node[0],
-                "resources": extra[0],
-                "labels": labels[0],
+                **node_args[0],
                 "include_dashboard": False,
                 "_system_config": HEALTH_CHECK_CONFIG,
-                **store,
             },
         )
         try:
-            for rank, count in enumerate(accelerators_per_node[1:], start=1):
-                simulated.add_node(
-                    num_cpus=cpus_per_node,
-                    num_gpus=count,
-                    resources=extra[rank],
-                    labels=labels[rank],
-                    **store,  # type: ignore[arg-type]  # Ray types its **node_args too narrowly
-                )
+            nodes = [simulated.head_node, *(simulated.add_node(**args) for args in node_args[1:])]
             ray.init(address=simulated.address, **_quiet())
         except BaseException:
             simulated.shutdown()
             raise
-        return cls(simulated)
+        return cls(simulated, node_args, nodes)
 
-    @property
-    def simulated_nodes(self) -> list[Any]:
-        """The ``ray._private.node.Node`` handles of a simulated cluster, head first (tests kill
-        them to rehearse node loss)."""
-        if self._simulated is None:
-            return []
-        return self._simulated.list_all_nodes()
+    def kill_node(self, rank: int) -> None:
+        """Kill simulated node ``rank``'s raylet and everything on it without a graceful shutdown,
+        as a crash would (to rehearse node loss)."""
+        node = self._simulated_node(rank)
+        del self._nodes[rank]
+        assert self._simulated is not None  # _simulated_node refuses a Ray that is not simulated
+        self._simulated.remove_node(node, allow_graceful=False)
 
-    def kill_node(self, node: Any) -> None:
-        """Kill a simulated node's processes without a graceful shutdown (as a crash would)."""
+    def restart_node(self, rank: int) -> None:
+        """Start a lost simulated node again: a new raylet with the same devices, CPUs, resources
+        and labels, the node-rank label included, so it takes its old rank (a new node id). The
+        head (rank 0) holds Ray's control store: losing it ends the cluster, so it is refused."""
+        if self._simulated is None or not 0 <= rank < len(self._node_args):
+            raise RuntimeError(f"this Ray has no simulated node {rank}")
+        if rank == 0:
+            raise RuntimeError("node 0 is the head: it cannot be restarted (the cluster ends with it)")
+        if rank in self._nodes:
+            raise RuntimeError(f"node {rank} is running: only a killed node can be restarted")
+        self._nodes[rank] = self._simulated.add_node(**self._node_args[rank])
+
+    def _simulated_node(self, rank: int) -> Any:
         if self._simulated is None:
             raise RuntimeError("this Ray is not a simulated cluster: it has no nodes to kill")
-        self._simulated.remove_node(node, allow_graceful=False)
+        if rank not in self._nodes:
+            raise RuntimeError(f"simulated node {rank} is not running (nodes: {sorted(self._nodes)})")
+        return self._nodes[rank]
 
     def shutdown(self) -> None:
         ray.shutdown()

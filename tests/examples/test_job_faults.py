@@ -226,10 +226,7 @@ def test_rollout_workers_removed_and_added_back_then_a_lost_node_leaves_its_work
 
     def lose_node_two(record: dict) -> None:
         if record["iteration"] == 6:
-            node_two = cluster.nodes[2].node_id
-            cluster.embedded.kill_node(
-                next(n for n in cluster.embedded.simulated_nodes if n.node_id == node_two)
-            )
+            cluster.kill_node(2)
 
     cfg = faulty(f"algo.iterations={iterations}", f"run.output_dir={tmp_path}")
     result = run(cfg, cluster=cluster, between_rollouts=scale, on_iteration=lose_node_two)

@@ -1,5 +1,6 @@
 """A simulated node that dies (its raylet killed, as in a crash) surfaces as a WorkerGroupError
-naming every rank it held, within seconds, and the driver lives on."""
+naming every rank it held, within seconds, and the driver lives on; restarted, the node takes its
+rank back and workers are placed on it again."""
 
 from __future__ import annotations
 
@@ -30,9 +31,8 @@ def test_killed_node_names_its_ranks_within_five_seconds(cluster):
     try:
         assert group.ping().wait() == list(range(6))
         call = group.block()
-        victim = next(n for n in cluster.embedded.simulated_nodes if n.node_id == cluster.nodes[2].node_id)
         started = time.monotonic()
-        cluster.embedded.kill_node(victim)
+        cluster.kill_node(2)
         with pytest.raises(WorkerGroupError) as caught:
             call.wait(timeout=60)
         assert time.monotonic() - started < 5.0
@@ -42,5 +42,28 @@ def test_killed_node_names_its_ranks_within_five_seconds(cluster):
         assert error.pending == [0, 1, 2, 3]
         assert cluster.dead_node_ranks() == {2}
         assert ray.get(ray.put(41), timeout=10) == 41  # the driver lives on, Ray still serves it
+    finally:
+        group.shutdown()
+
+
+def test_a_restarted_node_takes_its_rank_back_and_workers_again(cluster):
+    """After the loss above: node 2 comes back with a new node id, under the same rank, with its
+    devices; a group launched again puts ranks 4-5 there, as before the loss."""
+    lost_id = cluster.nodes[2].node_id
+    assert cluster.dead_node_ranks() == {2}
+    cluster.restart_node(2)
+    assert cluster.dead_node_ranks() == set()
+    assert cluster.nodes[2].node_id != lost_id and cluster.nodes[2].rank == 2
+    with pytest.raises(RuntimeError, match="node 2 is running"):
+        cluster.restart_node(2)
+    with pytest.raises(RuntimeError, match="node 0 is the head"):
+        cluster.restart_node(0)
+    placement = ComponentPlacement(CFG, cluster)
+    group = Blocker.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
+    try:
+        assert group.ping().wait() == list(range(6))
+        node_ids = [node.node_id for node in cluster.nodes]
+        where = [node_ids.index(info["node_id"]) for info in group.worker_info]
+        assert where == [0, 0, 1, 1, 2, 2]
     finally:
         group.shutdown()

@@ -133,8 +133,7 @@ def test_restart_budget_spent_is_refused_and_recorded(launched):
 def test_ranks_of_a_lost_node_are_unreplaceable(cluster, launched):
     group = launched("doomed")
     blocked = group.block()
-    victim = next(n for n in cluster.embedded.simulated_nodes if n.node_id == cluster.nodes[2].node_id)
-    cluster.embedded.kill_node(victim)
+    cluster.kill_node(2)
     with pytest.raises(WorkerGroupError) as lost:
         blocked.wait(timeout=30)
     assert all("node 2 was lost" in failure.reason for failure in lost.value.failures.values())
