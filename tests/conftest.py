@@ -65,13 +65,19 @@ def _shut_down_kept() -> None:
     _kept.clear()
 
 
-def _restart_lost_nodes(live: Cluster) -> None:
+def _restart_lost_nodes(live: Cluster) -> bool:
     """A module that rehearsed node loss leaves its simulated nodes started again (under their
-    ranks, see ``Cluster.restart_node``), so the next module can have this Ray as it was started."""
+    ranks, see ``Cluster.restart_node``), so the next module can have this Ray as it was started.
+    False when a node could not be restarted (the Ray is then not kept)."""
     if live.embedded is None:
-        return
-    for rank in sorted(live.dead_node_ranks() - {0}):  # the head is never restarted
-        live.restart_node(rank)
+        return True
+    try:
+        for rank in sorted(live.dead_node_ranks() - {0}):  # the head is never restarted
+            live.restart_node(rank)
+    except Exception as error:  # a fresh Ray for the next module instead
+        print(f"\nconftest: a lost node could not be restarted ({error}); the next module starts Ray")
+        return False
+    return True
 
 
 def _as_started(live: Cluster, settle_s: float = 10.0) -> bool:
@@ -132,8 +138,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         # Another section on the same Ray: a Cluster of its own (it attaches, and stops nothing).
         yield started if wanted == started_from else Cluster(cluster_cfg=section)
     finally:
-        _restart_lost_nodes(started)
-        if _as_started(started):
+        if _restart_lost_nodes(started) and _as_started(started):
             _kept[key] = (started, started_from)
         else:
             started.shutdown()

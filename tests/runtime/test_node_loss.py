@@ -10,7 +10,8 @@ import time
 import pytest
 import ray
 
-from rlinfra import ComponentPlacement, Worker, WorkerGroupError
+from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
+from rlinfra.runtime.errors import ClusterError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,6 +59,9 @@ def test_a_restarted_node_takes_its_rank_back_and_workers_again(cluster):
         cluster.restart_node(2)
     with pytest.raises(RuntimeError, match="node 0 is the head"):
         cluster.restart_node(0)
+    attached = Cluster(cluster_cfg=CFG["cluster"])  # on the Ray it did not start
+    with pytest.raises(ClusterError, match="cannot kill node: this Cluster is attached"):
+        attached.kill_node(2)
     placement = ComponentPlacement(CFG, cluster)
     group = Blocker.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
     try:
