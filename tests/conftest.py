@@ -16,6 +16,9 @@ neighbours exist. Any module that wants another Ray, or none
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -109,6 +112,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         order.append((group_of.setdefault(name, len(group_of)), index))
     ranked = sorted(range(len(items)), key=lambda i: order[i])
     items[:] = [items[i] for i in ranked]
+
+
+_final_status: list[int] = []  # the run's exit status, once every result is reported
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _final_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave without the interpreter's own finalisation. Once in a clean-clone run the process
+    took a SIGSEGV there, after every test had passed, the summary was printed and Ray had been
+    shut down (native threads of Ray or torch torn down in the wrong order); ``make test`` then
+    failed on a run with nothing wrong in it. Everything is reported and written by now, so the
+    exit status is the run's own."""
+    if _final_status:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_final_status[-1])
 
 
 @pytest.fixture(scope="session", autouse=True)
