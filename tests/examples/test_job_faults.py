@@ -182,8 +182,8 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
     assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.interrupted
     records = reporting.read_metrics(tmp_path)
     assert [r["iteration"] for r in records] == [1, 2, 3, 4]
-    # The trainer continued from version 2 (restored), rather than starting again at 0, and the
-    # rollout workers (both of them: the one replaced before the stop too) served it.
+    # The trainer continued from version 2 (restored), rather than starting again at 0, and both
+    # rollout workers of the resumed run served it.
     assert records[-1]["learner_version"] == 4 and records[-1]["rollout_workers"] == 2
     assert resumed.served_versions[0] == 2
     assert resumed.env_steps == 4 * 16 * 64
