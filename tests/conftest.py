@@ -9,8 +9,8 @@ differ) when it is as it was started: every node alive (a node a module killed i
 under its rank), no placement group, every CPU and GPU free and no named actor left. Such a
 module gets a ``Cluster`` of its own section on that Ray. Modules are run grouped by the Ray they
 ask for (in order of first appearance; tests keep their order inside a module) so that such
-neighbours exist. Any module that wants another Ray, or none
-(it may start its own, in-process or in a subprocess), finds none running.
+neighbours exist. Any module that wants another Ray, or none (it may start its own, in-process
+or in a subprocess), finds none running.
 """
 
 from __future__ import annotations

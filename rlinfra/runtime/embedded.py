@@ -16,6 +16,7 @@ import ray
 
 from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS
 from rlinfra.runtime.discovery import NODE_RANK_LABEL
+from rlinfra.runtime.errors import ClusterError
 
 # A dead raylet is declared dead after period x threshold (~1.5 s) instead of Ray's 3 s x 5.
 HEALTH_CHECK_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
@@ -103,18 +104,18 @@ class EmbeddedRay:
         and labels, the node-rank label included, so it takes its old rank (a new node id). The
         head (rank 0) holds Ray's control store: losing it ends the cluster, so it is refused."""
         if self._simulated is None or not 0 <= rank < len(self._node_args):
-            raise RuntimeError(f"this Ray has no simulated node {rank}")
+            raise ClusterError(f"this Ray has no simulated node {rank}")
         if rank == 0:
-            raise RuntimeError("node 0 is the head: it cannot be restarted (the cluster ends with it)")
+            raise ClusterError("node 0 is the head: it cannot be restarted (the cluster ends with it)")
         if rank in self._nodes:
-            raise RuntimeError(f"node {rank} is running: only a killed node can be restarted")
+            raise ClusterError(f"node {rank} is running: only a killed node can be restarted")
         self._nodes[rank] = self._simulated.add_node(**self._node_args[rank])
 
     def _simulated_node(self, rank: int) -> Any:
         if self._simulated is None:
-            raise RuntimeError("this Ray is not a simulated cluster: it has no nodes to kill")
+            raise ClusterError("this Ray is not a simulated cluster: it has no nodes to kill")
         if rank not in self._nodes:
-            raise RuntimeError(f"simulated node {rank} is not running (nodes: {sorted(self._nodes)})")
+            raise ClusterError(f"simulated node {rank} is not running (nodes: {sorted(self._nodes)})")
         return self._nodes[rank]
 
     def shutdown(self) -> None:
