@@ -4,15 +4,21 @@
 kills everybody's Ray; so the embedded Ray is always started fresh (``address="local"`` or
 ``ray.cluster_utils.Cluster``) and shut down by the object that started it. Health checks are
 tightened so that a lost node is noticed in about 2 s instead of 15 s.
+
+Closed by default: every process of the embedded Ray (GCS, raylets, workers, agents) listens on
+loopback only, and a client needs this run's token, made fresh per run (``LocalOnly``).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray._private import ray_constants
+from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
 from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS
 from rlinfra.runtime.discovery import NODE_RANK_LABEL
@@ -21,28 +27,90 @@ from rlinfra.runtime.errors import ClusterError
 # A dead raylet is declared dead after period x threshold (~1.5 s) instead of Ray's 3 s x 5.
 HEALTH_CHECK_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
 
+LOOPBACK = "127.0.0.1"
+# Ray binds its gRPC servers to loopback only when a node's address is exactly 127.0.0.1, and
+# resolves 127.0.0.1 to the host's address unless clusters are off for the process (its own
+# switch for macOS and Windows, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``).
+_CLUSTERS_SWITCH = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", _CLUSTERS_SWITCH)
+
+
+class LocalOnly:
+    """What keeps the embedded Ray to this machine, for as long as it runs.
+
+    The driver's environment, inherited by every process Ray starts, carries token mode with a
+    token made for this run (never written to a file, a runtime_env or a log), and Ray's switch
+    that keeps node addresses on loopback. ``close`` restores what was there before, so a later
+    Ray in this process (another ``Cluster``, a test) starts from the user's own settings.
+    """
+
+    def __init__(self) -> None:
+        if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "disabled":
+            raise ClusterError(
+                "RAY_AUTH_MODE=disabled: the embedded Ray always requires a token of its own (made "
+                "fresh for this run); unset RAY_AUTH_MODE, or set cluster.address to a Ray you started"
+            )
+        self._saved_env = {name: os.environ.get(name) for name in _AUTH_VARIABLES}
+        self._saved_switch = ray_constants.ENABLE_RAY_CLUSTER
+        self._closed = False
+        os.environ.update(
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), _CLUSTERS_SWITCH: "0"}
+        )
+        ray_constants.ENABLE_RAY_CLUSTER = False  # read at import; this process imported Ray already
+        _reload_auth()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        ray_constants.ENABLE_RAY_CLUSTER = self._saved_switch
+        _reload_auth()
+
+
+def _reload_auth() -> None:
+    """Ray caches the auth mode and the token per process: the mode first, then the token (a
+    draining gRPC thread may reload the token meanwhile, and must find the mode it goes with)."""
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
 
 class EmbeddedRay:
     """A Ray instance this process started, and knows how to stop."""
 
     def __init__(
-        self, simulated: Any | None, node_args: Sequence[dict[str, Any]] = (), nodes: Sequence[Any] = ()
+        self,
+        local_only: LocalOnly,
+        simulated: Any | None,
+        node_args: Sequence[dict[str, Any]] = (),
+        nodes: Sequence[Any] = (),
     ) -> None:
+        self._local_only = local_only
         self._simulated = simulated
         self._node_args = list(node_args)  # per node rank: what its raylet was started with
         self._nodes = dict(enumerate(nodes))  # node rank -> its ``ray._private.node.Node`` (head: 0)
 
     @classmethod
     def start_local(cls, num_cpus: int | None = None, num_gpus: int | None = None) -> EmbeddedRay:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=False,
-            _system_config=HEALTH_CHECK_CONFIG,
-            **_quiet(),
-        )
-        return cls(None)
+        local_only = LocalOnly()
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                _node_ip_address=LOOPBACK,
+                _system_config=HEALTH_CHECK_CONFIG,
+                **_quiet(),
+            )
+        except BaseException:
+            local_only.close()
+            raise
+        return cls(local_only, None)
 
     @classmethod
     def start_simulated(
@@ -71,25 +139,30 @@ class EmbeddedRay:
                 "num_gpus": count,
                 "resources": extra[rank],
                 "labels": labels[rank],
+                "node_ip_address": LOOPBACK,
                 **store,
             }
             for rank, count in enumerate(accelerators_per_node)
         ]
-        simulated = RayTestCluster(
-            initialize_head=True,
-            head_node_args={
-                **node_args[0],
-                "include_dashboard": False,
-                "_system_config": HEALTH_CHECK_CONFIG,
-            },
-        )
+        local_only = LocalOnly()
+        simulated = None
         try:
+            simulated = RayTestCluster(
+                initialize_head=True,
+                head_node_args={
+                    **node_args[0],
+                    "include_dashboard": False,
+                    "_system_config": HEALTH_CHECK_CONFIG,
+                },
+            )
             nodes = [simulated.head_node, *(simulated.add_node(**args) for args in node_args[1:])]
             ray.init(address=simulated.address, **_quiet())
         except BaseException:
-            simulated.shutdown()
+            if simulated is not None:
+                simulated.shutdown()
+            local_only.close()
             raise
-        return cls(simulated, node_args, nodes)
+        return cls(local_only, simulated, node_args, nodes)
 
     def kill_node(self, rank: int) -> None:
         """Kill simulated node ``rank``'s raylet and everything on it without a graceful shutdown,
@@ -123,6 +196,7 @@ class EmbeddedRay:
         if self._simulated is not None:
             self._simulated.shutdown()
             self._simulated = None
+        self._local_only.close()
 
 
 def _quiet() -> dict[str, Any]:

@@ -77,6 +77,7 @@ class HostMethods:
         self._worker_name = f"{context.group_name}:{placement.rank}"
         self._incarnation = context.incarnation
         _set_env(context)
+        process_groups.listen_on(ray.util.get_node_ip_address())
         if context.secrets is not None:
             receive_secrets(context.secrets, SECRETS_TIMEOUT_S)
 

@@ -4,6 +4,8 @@ After ``launch`` every rank knows ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and 
 rank 0 holds a bound, listening socket on ``MASTER_PORT`` (``hold_port``). Rank 0 hands that very
 socket to torch's ``TCPStore`` (``master_listen_fd``), so the port is never released and re-bound:
 no other process on the node can take it in between, unlike the usual probe-a-free-port-then-bind.
+Every listener binds the node's address as Ray knows it (``listen_on``: loopback for the embedded
+Ray), never every interface; gloo's own sockets follow through ``GLOO_SOCKET_IFNAME``.
 
 ``init_process_group`` / ``destroy_process_group`` make and drop the group's default process group;
 ``join_cross_group`` / ``cross_group`` / ``leave_cross_group`` handle named groups spanning
@@ -18,8 +20,10 @@ torch is optional (``pip install rlinfra[torch]``): it is imported only when a p
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
+import struct
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -29,18 +33,48 @@ _LISTEN_BACKLOG = 128
 
 # One hosted worker per actor process, so these are process state: the worker-side functions are
 # plain functions called from user code, and find what they need here.
+_listen_address = "127.0.0.1"  # the node's address (see listen_on); loopback until told
 _HELD: dict[int, socket.socket] = {}  # port → listening socket not yet handed to torch
 _CROSS_PORTS: dict[str, int] = {}  # cross group name → the port reserved for it in this process
 _CROSS_GROUPS: dict[str, CrossGroup] = {}  # cross groups this process has joined
 
 
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that carries IPv4 ``address`` (``lo`` for 127.0.0.1), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+            except OSError:  # an interface without an IPv4 address
+                continue
+            if socket.inet_ntoa(answer[20:24]) == address:
+                return name
+    return None
+
+
+def listen_on(address: str) -> None:
+    """Bind this process's listeners to ``address``, the node's address as Ray knows it: the
+    rendezvous ports here, and gloo's pair sockets through ``GLOO_SOCKET_IFNAME`` (the interface
+    carrying ``address``) unless the environment already names one."""
+    global _listen_address
+    _listen_address = address
+    if not os.environ.get("GLOO_SOCKET_IFNAME"):
+        interface = interface_of(address)
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+
+
 def hold_port() -> int:
-    """Bind a free port on this node and keep listening on it until torch takes it over
-    (``init_process_group``/``join_cross_group``) or ``release_port``. Connections that arrive
-    early wait in the backlog instead of being refused."""
+    """Bind a free port on this node's address (``listen_on``) and keep listening on it until
+    torch takes it over (``init_process_group``/``join_cross_group``) or ``release_port``.
+    Connections that arrive early wait in the backlog instead of being refused."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("", 0))
+    sock.bind((_listen_address, 0))
     sock.listen(_LISTEN_BACKLOG)
     port = sock.getsockname()[1]
     _HELD[port] = sock

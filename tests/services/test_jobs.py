@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from rlinfra.services.jobs import (
     resolve_address,
 )
 from tests.ports import free_ports
-from tests.processes import process_group_alive
+from tests.processes import stop_process_group
 
 pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the `jobs` extra)")
 
@@ -62,20 +61,6 @@ class Head:
     address: str
     token: str
     process: subprocess.Popen
-
-
-def _stop_group(process: subprocess.Popen, grace_s: float = 3.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and process_group_alive(process.pid):
-            process.poll()
-            time.sleep(0.2)
-    process.poll()
 
 
 def _wait_until_ready(head: Head, log: Path) -> None:
@@ -124,7 +109,7 @@ def head() -> Iterator[Head]:
         _wait_until_ready(started, log)
         yield started
     finally:
-        _stop_group(process)
+        stop_process_group(process)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -1,0 +1,48 @@
+"""The one-node embedded Ray (no ``simulate``, no ``address``): on loopback with a token made for
+the run, and the user's own Ray settings back in place once it is shut down."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+
+from rlinfra import Cluster
+from rlinfra.runtime.errors import ClusterError
+from tests.listeners import descendants, listeners_of
+
+pytestmark = pytest.mark.timeout(120)
+
+USERS_TOKEN = "token-of-the-users-own-cluster"
+
+
+def test_the_local_ray_listens_on_loopback_with_a_fresh_token(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", USERS_TOKEN)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    cluster = Cluster(cluster_cfg={"num_nodes": 1})
+    try:
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+        token = os.environ["RAY_AUTH_TOKEN"]
+        assert token != USERS_TOKEN and len(token) == 64
+        listeners = listeners_of(descendants(os.getpid()))
+        assert {"gcs_server", "raylet"} <= {listener.command for listener in listeners}
+        assert [str(listener) for listener in listeners if not listener.on_loopback] == []
+    finally:
+        cluster.shutdown()
+    assert os.environ["RAY_AUTH_TOKEN"] == USERS_TOKEN
+    assert "RAY_AUTH_MODE" not in os.environ and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+    second = Cluster(cluster_cfg={"num_nodes": 1})  # a token of its own again
+    try:
+        assert os.environ["RAY_AUTH_TOKEN"] not in (USERS_TOKEN, token)
+    finally:
+        second.shutdown()
+
+
+def test_auth_disabled_by_the_user_is_refused_for_the_embedded_ray(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ClusterError, match="RAY_AUTH_MODE=disabled: the embedded Ray always requires"):
+        Cluster(cluster_cfg={"num_nodes": 1})
+    assert not ray.is_initialized()
