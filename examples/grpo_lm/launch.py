@@ -106,7 +106,7 @@ def launch(
     live.trainer_budget = RestartBudget(placement.get_strategy("actor").restart)
     _, version = start_trainer(actor_checkpoint, None)
     # Two threads: one generates, the other stages the next version beside it.
-    live.rollout = RolloutWorker.create_group(algo, start_path).launch(
+    live.rollout = _engines(job, algo, start_path).launch(
         cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2, **options
     )
     first = live.policy.execute_on(0).weights_state().wait()[0]
@@ -124,6 +124,15 @@ def launch(
     if live.layout.plan.relation("actor", "rollout") == "colocated":
         live.turns = TimeSharing([live.policy, live.rollout, live.reward], awake="rollout")
     return sync
+
+
+def _engines(job: JobConfig, algo: dict[str, Any], start_path: str) -> Any:
+    """The rollout group to launch: the job's own sampler, or vLLM (imported only then)."""
+    if job.engine.name == "vllm":
+        from examples.grpo_lm.vllm_rollout import VLLMRolloutWorker
+
+        return VLLMRolloutWorker.create_group(algo, start_path, job.engine.vllm_settings())
+    return RolloutWorker.create_group(algo, start_path)
 
 
 def placements(placement: ComponentPlacement) -> dict[str, list[dict[str, Any]]]:

@@ -1,7 +1,9 @@
 """The GRPO driver loop, top to bottom. One iteration with ``algo.max_staleness: 1`` (disaggregated):
 
     wait for batch k              G completions per prompt, each stamped with the version v that made it
-    commit v+1 if staged          pause → load into the engines' parameters → verify there → resume
+    commit v+1 if staged          pause → load into the engines' parameters → verify there → resume;
+                                  then the log-prob probe: the engines' log-probs of a fixed batch
+                                  equal the trainer's under v+1 (``logprob_mismatch``)
     start batch k+1               on the newest weights; runs while the actor trains on batch k
     score batch k                 the reward workers (``node`` group)
     update on batch k             2 DDP ranks, KL against the fused reference; version → v+2
@@ -42,6 +44,7 @@ from rlinfra.services.metrics import MetricsLog
 from rlinfra.services.recovery import SupervisedSteps, TrainerRestarter
 from rlinfra.services.supervisor import Recovery, UnsupervisedLoss
 from rlinfra.services.weights import WeightSync
+from rlinfra.services.weights.probe import LogprobProbe
 
 CHECKPOINTED = ("iteration", "training_s", "tokens", "generate_s", "curve", "warm_accuracy", "sampler_draws")
 REWOUND = ("iteration", "tokens", "generate_s", "curve", "sampler_draws")  # training_s counts on
@@ -120,6 +123,8 @@ class TrainingLoop:
         self.prompts: dict[int, list[str]] = {}  # engine rank -> its prompts of the batch in flight
         self.pending: GroupCall | None = None
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}
+        self.probe: LogprobProbe | None = None  # made from engine 0's first samples (iterations)
+        self.mismatch: float | None = None  # the last committed version's logprob_mismatch
         assert live.supervisor and live.trainer_budget and live.start_trainer, "the job is not launched"
         self.steps = SupervisedSteps(live.supervisor, state.recoveries, after_heal=self._back_to_schedule)
         self.restarter = TrainerRestarter(
@@ -142,6 +147,7 @@ class TrainingLoop:
             _, accuracy = self._evaluate()
             state.warm_accuracy = accuracy
             state.curve.append((0, 0.0, accuracy))
+        self.probe = self._make_probe()
         self.clock = time.perf_counter()
         self.pending = self._start_generate()
         while state.iteration < self.algo.updates:
@@ -250,6 +256,17 @@ class TrainingLoop:
             batch["batch_id"] = self.generating[rank]
         return dict(sorted(done.items()))
 
+    def _make_probe(self) -> LogprobProbe:
+        """A fixed probe batch: one sample each for the first ``probe_size`` held-out prompts, as
+        engine 0 makes them now (real engine output: prompt and completion token ids)."""
+        size, group = self.job.engine.probe_size, self.algo.group_size
+        prompts = self.heldout[:size]
+        made = self.steps.retried(
+            lambda: self.live.rollout.execute_on(0).generate(prompts, self.algo.seed).wait()[0]
+        )
+        sequences = [(c.prompt_ids, c.completion_ids) for c in made["completions"][::group]]
+        return LogprobProbe(sequences, self.job.engine.probe_tolerance)
+
     def _evaluate(self) -> tuple[int, float]:
         """Greedy held-out exact match on engine 0, at the version it serves."""
         return self.steps.retried(lambda: self.live.rollout.execute_on(0).evaluate(self.heldout).wait()[0])
@@ -303,6 +320,11 @@ class TrainingLoop:
     def _stage(self, version: int) -> None:
         self.sync_s["prepare_s"] = self.steps.retried(lambda: self.sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
+        if self.probe is not None:  # the trainer's log-probs of the probe under this version
+            policy = self.live.policy
+            self.steps.on_trainer(
+                lambda: self.probe.expect(version, lambda s: policy.execute_on(0).probe_logprobs(s).wait()[0])
+            )
 
     def _commit_staged(self) -> None:
         version = self.staged_version
@@ -312,6 +334,9 @@ class TrainingLoop:
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
         self.state.served_versions.append(self.sync.version)
         self.staged_version = None
+        if self.probe is not None:  # what the engines now compute, against the trainer's
+            probe, rollout = self.probe, self.live.rollout
+            self.mismatch = self.steps.retried(lambda: probe.check(version, rollout))
 
     def _turn(self, component: str) -> float:
         """Give ``component`` the shared devices (colocated); the switch's seconds, else 0. A
@@ -358,6 +383,7 @@ class TrainingLoop:
             "held_s": round(self.sync_s["held_s"], 5),
             "pause_fraction": round(pause_s / max(train_s, 1e-9), 5),
             "switch_s": round(switch_s, 5),
+            "logprob_mismatch": self.mismatch,
         } | learned
 
     def _checkpoint_if_due(self) -> None:

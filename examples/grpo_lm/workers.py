@@ -9,6 +9,8 @@ the engine (the reward workers, which do not, are in ``reward.py``).
               weights are staged on the host while it generates and loaded into its own
               parameters during the pause, verified there
 
+``engine: {name: vllm}`` replaces ``RolloutWorker`` with ``vllm_rollout.VLLMRolloutWorker``.
+
 In the colocated layout the actor and the engine share devices and take turns
 (``rlinfra.runtime.timesharing``): ``sleep`` releases what a component holds on the device,
 ``wake`` brings it back.
@@ -27,6 +29,7 @@ import torch
 
 from examples.grpo_lm.lm.config import GRPOConfig
 from examples.grpo_lm.lm.engine import Completion, GenerationEngine
+from examples.grpo_lm.lm.grpo import sequence_logprobs
 from examples.grpo_lm.lm.learner import Learner, frozen_copy
 from examples.grpo_lm.lm.model import load_pretrained
 from examples.grpo_lm.lm.rollout import evaluate
@@ -87,6 +90,10 @@ class ActorRole(Worker):
     def weights(self) -> dict[str, torch.Tensor]:
         return dict(self.policy.state_dict())
 
+    def probe_logprobs(self, sequences: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """The policy's log-probs of the probe's tokens (``rlinfra.services.weights.probe``)."""
+        return sequence_logprobs(self.policy, sequences, int(self.policy.config.pad_token_id))
+
     def checkpoint(self) -> bytes:
         """Policy, optimiser, version and update count as ``torch.save`` bytes (loaded back with
         ``weights_only``: nothing is unpickled)."""
@@ -143,6 +150,9 @@ class Policy(WeightSender, TimeShared, fuse(actor=ActorRole, ref=RefRole)):  # t
     def weights_state(self) -> Mapping[str, torch.Tensor]:
         return self._actor().weights()
 
+    def probe_logprobs(self, sequences: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
+        return self._actor().probe_logprobs(sequences)
+
     def sleep(self) -> None:
         self._actor().sleep()
 
@@ -179,6 +189,10 @@ class RolloutWorker(EngineReceiver, TimeShared):
         if self.engine.cache_alive:
             raise RuntimeError(f"{self._worker_name}: a KV cache outlived the swap to version {version}")
         self.engine.weight_version = version
+
+    def engine_logprobs(self, sequences: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
+        with self.engine_lock, self.serving():
+            return sequence_logprobs(self.engine.model, sequences, self.engine.pad_id)
 
     # ------------------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[str], seed: int) -> dict[str, Any]:

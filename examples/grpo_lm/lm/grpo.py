@@ -148,6 +148,25 @@ def completion_logprobs(model: nn.Module, batch: CompletionBatch, temperature: f
     return logp.gather(-1, batch.completion_ids[:, :, None]).squeeze(-1)
 
 
+@torch.no_grad()
+def sequence_logprobs(
+    model: nn.Module, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
+) -> list[list[float]]:
+    """For each (prompt ids, completion ids): log pi(token | what precedes it) of every completion
+    token at temperature 1 (the log-prob probe's definition, as the engines compute it)."""
+    completions = [
+        Completion("", list(prompt), list(completion), [0.0] * len(completion), True)
+        for prompt, completion in sequences
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        logp = completion_logprobs(model, collate(completions, pad_id))
+    finally:
+        model.train(was_training)
+    return [row[: len(c.completion_ids)].tolist() for row, c in zip(logp, completions, strict=True)]
+
+
 class CompletionScorer(nn.Module):
     """``completion_logprobs`` as one module call: what DistributedDataParallel wraps.
 

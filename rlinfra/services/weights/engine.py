@@ -24,13 +24,15 @@ pause does the loading and one hash of the engine's parameters: on a GPU engine 
 host-to-device copy and a device-to-host read per bucket, which is what a swap verified on what
 the engine serves costs.
 
-The engine implements two methods (and may override the third):
+The engine implements two methods (and may override the others):
 
     engine_state()           {trainer's name: tensor} — views of the parameters the engine serves
                              (no copies), under the names the trainer's state dict uses
     load_weights(named)      put each (name, host tensor) into the engine; default: ``copy_`` in
                              place into ``engine_state()[name]``
     weights_loaded(version)  drop caches computed with other weights; default: nothing
+    engine_logprobs(seqs)    the engine's log-probs of given tokens, for the log-prob probe
+                             (``rlinfra.services.weights.probe``)
 
 Staging needs private host memory: ``object_store_shared`` (read-only shared memory) and
 ``cuda_ipc`` (device memory) are refused at the first update, naming the receiver.
@@ -38,7 +40,7 @@ Staging needs private host memory: ``object_store_shared`` (read-only shared mem
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +111,14 @@ class EngineReceiver(WeightReceiver):
 
     def weights_loaded(self, version: int) -> None:
         """The engine now serves ``version``: drop every cache computed with other weights."""
+
+    def engine_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """For each (prompt ids, completion ids): the engine's log-probs of the completion's
+        tokens given what precedes them, at temperature 1 (``rlinfra.services.weights.probe``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement engine_logprobs(sequences): the log-prob probe "
+            "compares it with the trainer's"
+        )
 
     # ------------------------------------------------------------------ the receiver's steps
     def set_initial_weights(self, tensors: Mapping[str, Any] | None = None, version: int = 0) -> None:
