@@ -42,8 +42,11 @@ from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog
 from rlinfra.services.signals import CtrlC, sigint_ignored
 from rlinfra.services.supervisor import UnsupervisedLoss
 from rlinfra.services.weights import WeightSyncError
+from rlinfra.services.weights.probe import LogprobMismatchError
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
+# What ends a launched run (with a failure report), as opposed to a refused config.
+RUN_FAILURES = (WorkerGroupError, WeightSyncError, SupervisionError, UnsupervisedLoss, LogprobMismatchError)
 PLOT_FILE = "accuracy_curve.png"
 PLACEMENT_FILE = "placement.json"
 SUMMARY_FILE = "summary.json"  # the run's outcome: warm-up and held-out curve, time to target, switches
@@ -122,7 +125,13 @@ def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
     ) as error:
         errors.print(Text.assemble(("error: ", "bold red"), str(error)), highlight=False)
         return USAGE_ERROR
-    except (WorkerGroupError, WeightSyncError, SupervisionError, UnsupervisedLoss) as error:
+    except (
+        WorkerGroupError,
+        WeightSyncError,
+        SupervisionError,
+        UnsupervisedLoss,
+        LogprobMismatchError,
+    ) as error:
         notes = "\n".join(getattr(error, "__notes__", []))
         errors.print(Text.assemble(("run failed: ", "bold red"), str(error), "\n", notes), highlight=False)
         return FAILED

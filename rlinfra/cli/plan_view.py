@@ -179,9 +179,12 @@ def strategy_table(
     records = placement.get_placements(names[0])
     title = Text(", ").join(Text(name, style=f"bold {colors[name]}") for name in names)
     kind = records[0].hardware_type
+    owned = max(len(record.hardware_ranks) for record in records) if records[0].accelerator_type else 1
+    # A process owning several accelerators is where a generation engine shards its model.
+    sharded = f", {owned} per process: tensor_parallel_size={owned}" if owned > 1 else ""
     title.append(
         f" · placement {placement.get_placement_text(names[0])!r} on "
-        f"{', '.join(placement.get_node_groups(names[0]))} · {len(records)} processes ({kind})"
+        f"{', '.join(placement.get_node_groups(names[0]))} · {len(records)} processes ({kind}{sharded})"
     )
     indices = shown_indices(len(records), show_all)
     caption = None if len(indices) == len(records) else "--all shows every rank"

@@ -111,6 +111,17 @@ def test_two_processes_per_gpu_on_the_map() -> None:
     assert "env 4-7 (4)" in result.stdout
 
 
+def test_a_process_owning_several_gpus_shows_its_tensor_parallel_size(tmp_path: Path) -> None:
+    conf = write(
+        tmp_path, "cluster:\n  num_nodes: 1\n  component_placement:\n    actor: 0-3\n    rollout: 4-7:0-1\n"
+    )
+    result = invoke(conf, "--nodes", "1x8")
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.stdout.split())  # a title longer than its table wraps
+    assert "2 processes (GPU, 2 per process: tensor_parallel_size=2)" in words
+    assert "4 processes (GPU) " in words  # one device each: nothing to shard
+
+
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda path: path.stem)
 def test_every_example_plans(example: Path) -> None:
     assert invoke(example).exit_code == 0

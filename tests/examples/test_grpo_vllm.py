@@ -11,12 +11,15 @@ simulated GPUs is refused before anything starts.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import ray
 
 from examples.grpo_lm.job import run
 from rlinfra.services.job_config import JobConfigError
 from rlinfra.services.metrics import read_metrics
+from rlinfra.services.weights.probe import LogprobMismatchError
 from tests.examples.job_checks import (
     assert_resources_released,
     assert_reward_improves,
@@ -85,4 +88,15 @@ def test_vllm_colocated_on_simulated_gpus_is_refused_before_anything_starts(clus
     cfg = grpo_config("vllm", tmp_path, *colocated)
     with pytest.raises(JobConfigError, match=r"vLLM's sleep mode, which vLLM has on GPUs only"):
         run(cfg, cluster=cluster)
+    assert_resources_released()
+
+
+def test_a_probe_the_engines_cannot_meet_fails_the_run_naming_engine_and_token(cluster, tmp_path) -> None:
+    """vLLM's float32 kernels differ from the trainer's by ~1e-6: a tolerance below that fails the
+    first committed version, as a wrong load would, with a failure report."""
+    cfg = grpo_config("vllm", tmp_path, "algo.updates=3", "engine.probe_tolerance=1e-12", "run.plot=false")
+    with pytest.raises(LogprobMismatchError, match=r"version 1: .* at rollout:[01], sequence \d+, token \d+"):
+        run(cfg, cluster=cluster)
+    report = json.loads((tmp_path / "failure.json").read_text())
+    assert "LogprobMismatchError" in json.dumps(report)
     assert_resources_released()

@@ -1,0 +1,204 @@
+"""The GRPO job on vLLM: its engines against vLLM alone, its weight swaps against a raw copy, and
+its time to target next to the job's own sampler and the one-process baseline.
+
+Baselines, measured in the same run:
+- ``vllm.LLM`` alone in this process (the same checkpoint, settings and sampling parameters as the
+  job's engines), on one step's whole batch (prompts_per_step x G completions). Against it: the
+  job's two engines (``VLLMRolloutWorker`` launched by rlinfra on an embedded Ray, half the batch
+  each, the driver's clock: Ray calls, version gate and ``Completion``s included), with nothing
+  else running (goal >= 0.8x); one such engine with the whole batch (what hosting costs); and the
+  engines inside the job (their own clock, while the actor trains beside them on the same cores);
+- a raw in-place copy of one version into the same views of vLLM's parameters, in that one
+  process: the job's pause per update (pause -> swap into vLLM's parameters -> verify by hashing
+  them -> resume, the driver's clock) against it, and as a fraction of the actor's update (goal
+  <= 5 %);
+- ``examples/grpo_lm/lm/train_local.py`` (the same GRPO in one process, no Ray) and the job with
+  ``engine: hf`` (``disaggregated.yaml``): time to warm-up + 0.25 held-out exact match next to the
+  job on vLLM (``vllm.yaml``); goal: within 10 minutes.
+
+Both jobs run as a user runs them (``rlinfra run CONFIG`` in a subprocess) and are read from their
+outputs, the log-prob probe's ``logprob_mismatch`` included. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.grpo_lm import GOAL_S, job_config, run_layout, run_local  # noqa: E402
+from examples.grpo_lm.lm.config import GRPOConfig  # noqa: E402
+from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
+from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
+from rlinfra.services.metrics import read_metrics  # noqa: E402
+
+THROUGHPUT_GOAL, PAUSE_GOAL = 0.8, 0.05
+
+
+def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) -> dict[str, float]:
+    """Tokens/s of one ``vllm.LLM`` in this process on one step's batch (a seed per call, as the
+    engines sample), and the time of a raw in-place copy of a whole version into the views of its
+    parameters."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import torch
+    import vllm
+    from transformers import AutoTokenizer
+    from vllm import _custom_ops
+
+    from rlinfra.engines.vllm import hugging_face_views
+
+    _custom_ops._supports_onednn = False
+    path = warm_start(config.cache_dir, config, log=lambda _: None)
+    llm = vllm.LLM(
+        model=str(path),
+        dtype=engine["dtype"],
+        seed=config.seed,
+        enforce_eager=True,
+        kv_cache_memory_bytes=engine["kv_cache_mib"] * 2**20,
+        logprobs_mode="processed_logprobs",
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    sampler = PromptSampler("benchmark")
+    params = vllm.SamplingParams(
+        n=config.group_size, temperature=config.temperature, max_tokens=config.max_new_tokens, logprobs=0
+    )
+    tokens, seconds = 0, 0.0
+    for index in range(repeats + 1):
+        prompts = [
+            {"prompt_token_ids": tokenizer(p)["input_ids"]} for p in sampler.sample(config.prompts_per_step)
+        ]
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        if index:  # the first call warms up
+            seconds += time.perf_counter() - started
+            tokens += sum(len(s.token_ids) for request in outputs for s in request.outputs)
+    (model,) = llm.apply_model(lambda model: model)
+    views = hugging_face_views(model)
+    version = {name: view.clone() + 1e-3 for name, view in views.items()}
+    copies = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for name, view in views.items():
+                view.copy_(version[name])
+            copies.append(time.perf_counter() - started)
+    return {
+        "tokens_per_s": round(tokens / seconds, 1),
+        "raw_copy_ms": round(1e3 * statistics.median(copies), 3),
+        "parameters_mib": round(sum(v.numel() * v.element_size() for v in views.values()) / 2**20, 2),
+    }
+
+
+def engines_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) -> dict[str, float]:
+    """Tokens/s of the job's engine class launched by rlinfra (embedded Ray, two engines on two
+    simulated GPUs), nothing else running, by the driver's clock: the two with half of one step's
+    batch each (as the job splits it), and one with the whole batch."""
+    from examples.grpo_lm.vllm_rollout import VLLMRolloutWorker
+    from rlinfra import Cluster, ComponentPlacement
+
+    section = {"num_nodes": 1, "simulate": "1x2", "component_placement": {"rollout": "0-1"}}
+    settings = {"dtype": engine["dtype"], "kv_cache_mib": engine["kv_cache_mib"]}
+    path = str(warm_start(config.cache_dir, config, log=lambda _: None))
+    sampler, figures = PromptSampler("benchmark"), {}
+    with Cluster(cluster_cfg=section) as cluster:
+        strategy = ComponentPlacement({"cluster": section}, cluster).get_strategy("rollout")
+        group = VLLMRolloutWorker.create_group(dataclasses.asdict(config), path, settings).launch(
+            cluster, strategy, name="rollout", max_concurrency=2, launch_timeout=300
+        )
+        group.set_initial_weights().wait()
+        for name, ranks in (("two_engines", [0, 1]), ("one_engine", [0])):
+            tokens, seconds = 0, 0.0
+            for index in range(repeats + 1):
+                prompts = sampler.sample(config.prompts_per_step)
+                shares = [(prompts[i :: len(ranks)], index) for i in range(len(ranks))]
+                started = time.perf_counter()
+                done = group.call(VLLMRolloutWorker.generate, ranks, per_rank=shares).wait()
+                if index:
+                    seconds += time.perf_counter() - started
+                    tokens += sum(batch["tokens"] for batch in done)
+            figures[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
+        group.shutdown()
+    return figures
+
+
+def probe_figures(output: Path) -> dict[str, float]:
+    mismatches = [
+        r["logprob_mismatch"] for r in read_metrics(output) if r.get("logprob_mismatch") is not None
+    ]
+    return {"logprob_mismatch_median": statistics.median(mismatches), "logprob_mismatch_max": max(mismatches)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    bundled = job_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")
+    overrides = {k: v for k, v in bundled.items() if k in {f.name for f in dataclasses.fields(GRPOConfig)}}
+    config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
+    from omegaconf import OmegaConf
+
+    from rlinfra.cli.config_loading import load_config
+
+    engine = dict(OmegaConf.to_container(load_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")["engine"]))
+    rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
+    with tempfile.TemporaryDirectory() as folder:
+        for layout in ("disaggregated", "vllm"):
+            rows[layout] = run_layout(layout, args.seed, Path(folder))
+            rows[layout] |= probe_figures(Path(folder) / layout)
+    hosted = engines_alone(config, engine)
+    alone = vllm_alone(config, engine)
+    job = rows["vllm"]
+    for name, figure in hosted.items():
+        job[f"{name.removesuffix('_tokens_per_s')}_vs_vllm_alone"] = round(figure / alone["tokens_per_s"], 3)
+    job["in_job_vs_vllm_alone"] = round(job["tokens_per_s"] / alone["tokens_per_s"], 3)
+    job["pause_vs_raw_copy"] = round(job["pause_ms"] / alone["raw_copy_ms"], 1)
+    header = ("run", "reached", "warm", "final", "to target", "updates", "tok/s", "pause", "mismatch")
+    print(f"{header[0]:<14}" + "".join(f"{h:>11}" for h in header[1:]))
+    for name, row in rows.items():
+        ttt = row["time_to_target_s"]
+        cells = (
+            row["reached"],
+            f"{row['warm_accuracy']:.3f}",
+            f"{row['accuracy']:.3f}",
+            f"{ttt:.1f}s" if ttt is not None else "-",
+            row["updates"],
+            row.get("tokens_per_s", "-"),
+            row.get("pause_fraction", "-"),
+            f"{row['logprob_mismatch_max']:.1e}" if "logprob_mismatch_max" in row else "-",
+        )
+        print(f"{name:<14}" + "".join(f"{cell!s:>11}" for cell in cells))
+    print(f"vllm.LLM alone, one step's batch: {alone}; the job's engines launched by rlinfra: {hosted}")
+    print(
+        f"tokens/s vs vLLM alone: two engines {job['two_engines_vs_vllm_alone']}x, one engine "
+        f"{job['one_engine_vs_vllm_alone']}x, inside the job (beside the training actor) "
+        f"{job['in_job_vs_vllm_alone']}x; pause {job['pause_ms']} ms per update "
+        f"({job['pause_vs_raw_copy']}x a raw copy, {100 * job['pause_fraction']:.1f} % of the update)"
+    )
+    goals = {
+        "reached_within_10_min": bool(job["reached"]) and job["time_to_target_s"] <= GOAL_S,
+        "throughput": job["two_engines_vs_vllm_alone"] >= THROUGHPUT_GOAL,
+        "pause": job["pause_fraction"] <= PAUSE_GOAL,
+    }
+    summary = {
+        "benchmark": "vllm_engine",
+        "rows": rows,
+        "vllm_alone": alone,
+        "hosted": hosted,
+        "goals": goals,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
