@@ -216,15 +216,11 @@ class VLLMEngine(EngineReceiver, TimeShared):
         self._views: dict[str, Any] | None = None
         self._asleep = self._weights_resident = False
 
-    @property
-    def platform(self) -> str:
+    def engine_platform(self) -> str:
+        """``"cpu"``, ``"cuda"`` …: the platform vLLM runs this engine on."""
         from vllm.platforms import current_platform
 
         return "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
-
-    def engine_platform(self) -> str:
-        """``"cpu"``, ``"cuda"`` …: where this engine runs (the driver asks before time-sharing)."""
-        return self.platform
 
     # ---------------------------------------------------------------- EngineReceiver's hooks
     def engine_state(self) -> Mapping[str, Any]:
@@ -295,7 +291,7 @@ class VLLMEngine(EngineReceiver, TimeShared):
     # ------------------------------------------------------------------------ time-sharing
     def sleep(self) -> None:
         """Give the device back: vLLM's sleep mode (weights to the host, KV cache dropped)."""
-        if self.platform == "cpu":
+        if self.engine_platform() == "cpu":
             raise VLLMSettingsError(
                 "vLLM has no sleep mode on the CPU platform (LLM.sleep frees nothing there): a "
                 "colocated layout with the vLLM engine needs GPUs; use a disaggregated layout on CPU"
