@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.installed-vllm
 # or are unused on CPU (triton, 1 GB).
 VLLM_UNUSED := torchvision torchaudio torchcodec triton
 
-.PHONY: demo test install install-vllm lint clean
+.PHONY: demo test install install-vllm slurm lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,12 +31,21 @@ install-vllm: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/rlinfra run examples/ppo_cartpole/disaggregated.yaml
 
+# Debian's Slurm for the real-Slurm tests (tests/slurm_cluster.py starts its daemons), installed
+# where this runs as root with apt, as CI does; elsewhere those tests are skipped, saying why.
+slurm:
+	@if ! command -v slurmctld >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Slurm (slurmctld slurmd slurm-client munge) for its tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			slurmctld slurmd slurm-client munge >/dev/null; \
+	fi
+
 lint: $(VLLM_STAMP)
 	$(BIN)/ruff check rlinfra tests benchmarks examples
 	$(BIN)/ruff format --check rlinfra tests benchmarks examples
 	$(BIN)/mypy
 
-test: lint
+test: lint slurm
 	$(BIN)/python -m pytest
 
 clean:

@@ -1,7 +1,9 @@
-"""``rlinfra slurm render``: write the sbatch script that runs a config's driver on its own Ray cluster.
+"""``rlinfra slurm render | submit | status``: the sbatch script that runs a config's driver on its
+own Ray cluster, written, submitted, and followed.
 
-Only wiring: load the config, turn options into a ``SlurmJob`` and write what
-``rlinfra.services.slurm.render_sbatch`` makes of it. Mistakes exit with status 2 and a message.
+Only wiring: load the config, turn options into a ``SlurmJob``, write what
+``rlinfra.services.slurm.render_sbatch`` makes of it (and ``sbatch`` it), or show a job's state.
+Mistakes exit with status 2 and a message. ``render`` and ``submit`` take the same options.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from rlinfra.services.slurm import (
     DEFAULT_PORT,
     SlurmError,
     job_from_config,
+    job_status,
     render_sbatch,
+    submit,
 )
 
 slurm_app = typer.Typer(
@@ -33,111 +37,149 @@ slurm_app = typer.Typer(
 )
 
 
-@slurm_app.command("render")
-def render(
-    config: ConfigArgument,
-    driver: Annotated[
-        list[str],
-        argument(
-            metavar="-- DRIVER...",
-            help="The driver command, after `--`, e.g. -- python main.py conf.yaml.",
-        ),
-    ],
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output",
-            "-o",
-            metavar="FILE",
-            help="Write the script to FILE (default: stdout).",
-            dir_okay=False,
-        ),
-    ] = None,
-    gpus_per_node: Annotated[
-        int | None,
-        option(
-            "--gpus-per-node",
-            metavar="N",
-            help="GPUs per node. Default: from cluster.simulate ('NxG'), else Ray detects them.",
-        ),
-    ] = None,
-    cpus_per_node: Annotated[
-        int | None,
-        option(
-            "--cpus-per-node",
-            metavar="N",
-            help="CPUs per node for Ray (and Slurm's --cpus-per-task). Recommended: without it a Slurm "
-            "step may get one CPU.",
-        ),
-    ] = None,
-    partition: Annotated[
-        str | None,
-        option("--partition", "-p", metavar="P", help="Slurm partition."),
-    ] = None,
-    time_limit: Annotated[
-        str | None,
-        option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00."),
-    ] = None,
-    job_name: Annotated[
-        str | None,
-        option("--job-name", "-J", metavar="NAME", help="Default: the config's file name."),
-    ] = None,
-    sbatch: Annotated[
-        list[str] | None,
-        option(
-            "--sbatch",
-            metavar="OPTION",
-            help="Another #SBATCH option (repeatable), e.g. --sbatch account=rl.",
-        ),
-    ] = None,
-    setup: Annotated[
-        list[str] | None,
-        option(
-            "--setup",
-            metavar="LINE",
-            help="A shell line run first (repeatable), e.g. 'source .venv/bin/activate'.",
-        ),
-    ] = None,
-    port: Annotated[int, typer.Option("--port", metavar="PORT", help="The head's GCS port.")] = DEFAULT_PORT,
-    node_timeout: Annotated[
-        int, typer.Option("--node-timeout", metavar="SECONDS", help="How long to wait for all nodes to join.")
-    ] = DEFAULT_NODE_TIMEOUT_S,
-) -> None:
-    """Write an sbatch script: Ray head on the first node, the others joined with labels
-    rlinfra-node-rank=0..N-1, then DRIVER; when the driver or any node exits, everything stops.
+def _script_command(name: str, submitting: bool) -> None:
+    """Register ``render`` (write the script) or ``submit`` (write it, then sbatch it)."""
 
-    The script exits with the driver's status, or non-zero when a node failed first.
-    """
+    def command(
+        config: ConfigArgument,
+        driver: Annotated[
+            list[str],
+            argument(
+                metavar="-- DRIVER...",
+                help="The driver command, after `--`, e.g. -- python main.py conf.yaml.",
+            ),
+        ],
+        output: Annotated[
+            Path | None,
+            typer.Option(
+                "--output",
+                "-o",
+                metavar="FILE",
+                help="Write the script to FILE (default: stdout; submit: CONFIG's name with .sbatch).",
+                dir_okay=False,
+            ),
+        ] = None,
+        gpus_per_node: Annotated[
+            int | None,
+            option(
+                "--gpus-per-node",
+                metavar="N",
+                help="GPUs per node. Default: from cluster.simulate ('NxG'), else Ray detects them.",
+            ),
+        ] = None,
+        cpus_per_node: Annotated[
+            int | None,
+            option(
+                "--cpus-per-node",
+                metavar="N",
+                help="CPUs per node for Ray (and Slurm's --cpus-per-task). Recommended: without it a Slurm "
+                "step may get one CPU.",
+            ),
+        ] = None,
+        partition: Annotated[
+            str | None,
+            option("--partition", "-p", metavar="P", help="Slurm partition."),
+        ] = None,
+        time_limit: Annotated[
+            str | None,
+            option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00."),
+        ] = None,
+        job_name: Annotated[
+            str | None,
+            option("--job-name", "-J", metavar="NAME", help="Default: the config's file name."),
+        ] = None,
+        sbatch: Annotated[
+            list[str] | None,
+            option(
+                "--sbatch",
+                metavar="OPTION",
+                help="Another #SBATCH option (repeatable), e.g. --sbatch account=rl.",
+            ),
+        ] = None,
+        setup: Annotated[
+            list[str] | None,
+            option(
+                "--setup",
+                metavar="LINE",
+                help="A shell line run first (repeatable), e.g. 'source .venv/bin/activate'.",
+            ),
+        ] = None,
+        port: Annotated[
+            int, typer.Option("--port", metavar="PORT", help="The head's GCS port.")
+        ] = DEFAULT_PORT,
+        node_timeout: Annotated[
+            int,
+            typer.Option("--node-timeout", metavar="SECONDS", help="How long to wait for all nodes to join."),
+        ] = DEFAULT_NODE_TIMEOUT_S,
+    ) -> None:
+        errors = Console(stderr=True, soft_wrap=True)
+        if submitting and output is None:
+            output = Path(f"{_job_name(config)}.sbatch")
+        try:
+            cfg = load_cluster_config(config)
+            job = job_from_config(
+                cfg.cluster,
+                driver,
+                gpus_per_node=gpus_per_node,
+                cpus_per_node=cpus_per_node,
+                job_name=job_name or _job_name(config),
+                partition=partition,
+                time=time_limit,
+                sbatch_options=tuple(sbatch or ()),
+                setup=tuple(setup or ()),
+                port=port,
+                node_timeout_s=node_timeout,
+                config_name=str(config),
+            )
+            script = render_sbatch(job, output.name if output else "job.sbatch")
+        except (ConfigError, PlacementError, SlurmError) as error:
+            fail(errors, error)
+        if output is None:
+            typer.echo(script, nl=False)
+            return
+        try:
+            output.write_text(script, encoding="utf-8")
+            mode = output.stat().st_mode
+            output.chmod(mode | (mode & 0o444) >> 2)  # executable for whoever may read it, like chmod +x
+        except OSError as error:
+            fail(errors, ConfigError(f"{output}: cannot write the script: {error.strerror or error}"))
+        if not submitting:
+            nodes = f"{job.num_nodes} node(s)"
+            errors.print(f"wrote {output} ({nodes}); submit it with: sbatch {output}", style="dim")
+            return
+        try:
+            job_id, log = submit(output)
+        except SlurmError as error:
+            fail(errors, error)
+        typer.echo(f"submitted job {job_id} ({job.num_nodes} node(s)); log: {log}")
+        typer.echo(f"follow it: rlinfra slurm status {job_id}")
+
+    command.__doc__ = HELP + (SUBMIT_HELP if submitting else "")
+    slurm_app.command(name)(command)
+
+
+HELP = """Write an sbatch script: Ray head on the first node, the others joined with labels
+rlinfra-node-rank=0..N-1, then DRIVER; when the driver or any node exits, everything stops.
+
+The script exits with the driver's status, or non-zero when a node failed first.
+"""
+SUBMIT_HELP = "\nThen submit it with sbatch and print the job id and where its log is."
+_script_command("render", submitting=False)
+_script_command("submit", submitting=True)
+
+
+@slurm_app.command("status")
+def status(job_id: Annotated[str, argument(metavar="JOBID", help="The job id submit printed.")]) -> None:
+    """Slurm's state of the job, and what its script logged about Ray: the head, the nodes that
+    joined, the driver's end."""
     errors = Console(stderr=True, soft_wrap=True)
     try:
-        cfg = load_cluster_config(config)
-        job = job_from_config(
-            cfg.cluster,
-            driver,
-            gpus_per_node=gpus_per_node,
-            cpus_per_node=cpus_per_node,
-            job_name=job_name or _job_name(config),
-            partition=partition,
-            time=time_limit,
-            sbatch_options=tuple(sbatch or ()),
-            setup=tuple(setup or ()),
-            port=port,
-            node_timeout_s=node_timeout,
-            config_name=str(config),
-        )
-        script = render_sbatch(job, output.name if output else "job.sbatch")
-    except (ConfigError, PlacementError, SlurmError) as error:
+        shown = job_status(job_id)
+    except SlurmError as error:
         fail(errors, error)
-    if output is None:
-        typer.echo(script, nl=False)
-        return
-    try:
-        output.write_text(script, encoding="utf-8")
-        mode = output.stat().st_mode
-        output.chmod(mode | (mode & 0o444) >> 2)  # executable for whoever may read it, like chmod +x
-    except OSError as error:
-        fail(errors, ConfigError(f"{output}: cannot write the script: {error.strerror or error}"))
-    errors.print(f"wrote {output} ({job.num_nodes} node(s)); submit it with: sbatch {output}", style="dim")
+    typer.echo(f"job {shown.job_id}: {shown.state} on {shown.nodes}; log: {shown.log}")
+    for line in shown.ray or ("(nothing from the script yet)",):
+        typer.echo(f"  {line}")
 
 
 def _job_name(config: Path) -> str:

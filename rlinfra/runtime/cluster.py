@@ -2,7 +2,9 @@
 
 ``Cluster(cluster_cfg=cfg.cluster)`` connects to ``cluster.address`` (or ``RAY_ADDRESS``) when one
 is given, else starts a private embedded Ray: one local node, or ``cluster.simulate: "NxG"``
-simulated nodes with G logical GPUs each. It then waits (with a deadline) for ``num_nodes`` nodes,
+simulated nodes with G logical GPUs each. A ``simulate`` config run where ``RAY_ADDRESS`` is set
+(inside a Slurm allocation rlinfra's script started) uses that cluster, whose nodes must have the
+simulated shape, instead of simulating it. It then waits (with a deadline) for ``num_nodes`` nodes,
 ranks them stably, and builds a ``ClusterSpec`` from what Ray reports, so that
 ``ComponentPlacement(cfg, cluster)`` gives exactly what ``rlinfra plan`` showed.
 """
@@ -18,7 +20,7 @@ from typing import Any
 import ray
 
 from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.config import ClusterConfig, parse_cluster_config
+from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS, ClusterConfig, parse_cluster_config
 from rlinfra.placement.config_access import as_mapping
 from rlinfra.placement.node_groups import NodeSpec
 from rlinfra.runtime.discovery import RayNode, rank_nodes
@@ -49,7 +51,7 @@ class Cluster:
         address = config.address or os.environ.get("RAY_ADDRESS")
         if ray.is_initialized():
             pass  # the caller's Ray: use it, never stop it
-        elif config.simulate is not None and not config.address:
+        elif config.simulate is not None and not address:
             store_mib = config.simulate_object_store_mib
             self._embedded = EmbeddedRay.start_simulated(
                 list(config.simulate),
@@ -59,6 +61,9 @@ class Cluster:
                 labels_per_node=_listed(config.simulate_labels),
             )
         elif address:
+            if config.simulate is not None:
+                _refuse_simulated_only(config)
+                print(f"rlinfra: RAY_ADDRESS={address}: using that cluster (cluster.simulate is its shape)")
             ray.init(address=address, logging_level=logging.WARNING)
             self._connected_here = True
         else:
@@ -69,6 +74,8 @@ class Cluster:
                 [NodeSpec(node.rank, node.accelerator[1], node.accelerator[0]) for node in self.nodes], config
             )
             self.spec.check_accelerators_per_node(config.num_gpus_per_node)
+            if config.simulate is not None and self._embedded is None:
+                check_simulated_shape(self.nodes, config.simulate)
         except BaseException:
             self.shutdown()
             raise
@@ -172,6 +179,30 @@ class Cluster:
     def num_accelerators(self) -> int:
         """Accelerators on this cluster's nodes, all types together (RLinf's name)."""
         return self.spec.num_accelerators
+
+
+def _refuse_simulated_only(config: ClusterConfig) -> None:
+    """Settings that only shape a simulated cluster cannot shape one that exists: refused."""
+    written = [
+        name
+        for name in ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
+        if getattr(config, name) not in (None, DEFAULT_SIMULATED_CPUS)
+    ]
+    if written:
+        raise ClusterError(
+            f"cluster.{written[0]} shapes a simulated cluster, but RAY_ADDRESS names an existing one; "
+            "remove it, or unset RAY_ADDRESS to simulate"
+        )
+
+
+def check_simulated_shape(nodes: list[RayNode], simulate: tuple[int, ...]) -> None:
+    """An existing cluster standing in for ``cluster.simulate`` must have its accelerators per node."""
+    have = tuple(node.accelerator[1] for node in nodes)
+    if have != tuple(simulate):
+        raise ClusterError(
+            f"cluster.simulate is {list(simulate)} accelerators per node, but the cluster at RAY_ADDRESS "
+            f"has {list(have)}; give the nodes those accelerators (e.g. --gpus-per-node), or fix simulate"
+        )
 
 
 def _listed(per_node: tuple[Any, ...] | None) -> list[dict[str, Any]] | None:

@@ -1,4 +1,9 @@
-"""Ctrl-C in the driver: it stops the run, even when swallowed, and never cuts the cleanup short."""
+"""Ctrl-C in the driver: it stops the run, even when swallowed, and never cuts the cleanup short.
+
+SIGTERM is handled the same way (Slurm's ``scancel``, a pod's deletion, ``kill``): without this,
+Ray's own driver handler turns it into ``sys.exit(15)`` in the middle of whatever runs, which
+prints a traceback, skips the job's cleanup and can abort the interpreter at exit.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+
 
 class CtrlC:
-    """Ctrl-C raises ``KeyboardInterrupt`` as usual and is also remembered, so that code which
+    """Ctrl-C (or SIGTERM) raises ``KeyboardInterrupt`` and is also remembered, so that code which
     swallows the exception cannot make the job ignore it: the loop then stops at the end of the
     iteration. (Seen once in a full test run: a SIGINT during an iteration was lost somewhere below
     the driver's code and training went on to the end.)"""
@@ -27,21 +34,22 @@ class CtrlC:
 
 @contextlib.contextmanager
 def sigint_ignored() -> Iterator[None]:
-    """Hold off Ctrl-C while releasing workers and placement groups (bounded: seconds)."""
+    """Hold off Ctrl-C and SIGTERM while releasing workers and placement groups (bounded: seconds)."""
     with _sigint_handled_by(signal.SIG_IGN):
         yield
 
 
 @contextlib.contextmanager
 def _sigint_handled_by(handler: Any) -> Iterator[None]:
-    """Inside the block SIGINT goes to ``handler`` (a function or ``signal.SIG_IGN``); the
-    previous handler is back afterwards."""
+    """Inside the block SIGINT and SIGTERM go to ``handler`` (a function or ``signal.SIG_IGN``);
+    the previous handlers are back afterwards."""
     try:
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = {signum: signal.signal(signum, handler) for signum in STOPPING}
     except ValueError:  # not the main thread: signals are not ours to manage
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)

@@ -14,11 +14,17 @@ the user brings one: Ray's GCS listens on every interface of the head.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from rlinfra.placement.config import parse_cluster_config
@@ -134,6 +140,100 @@ def render_sbatch(job: SlurmJob, script_name: str = "job.sbatch") -> str:
     }
     text = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
     return re.sub(r"@@([A-Z_]+)@@", lambda match: values[match.group(1)], text)
+
+
+SLURM_TIMEOUT_S = 30.0  # for one sbatch or scontrol call
+
+
+def _slurm(*command: str) -> str:
+    """Run a Slurm client command; its stdout, or ``SlurmError`` with what it said."""
+    if shutil.which(command[0]) is None:
+        raise SlurmError(f"{command[0]} is not on PATH: run this where Slurm's client commands are installed")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(command)}: no answer within {SLURM_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        raise SlurmError(f"{' '.join(command)} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class SlurmStatus:
+    """A job as ``rlinfra slurm status`` shows it: Slurm's view, and the script's log lines
+    about Ray (the head, the nodes that joined, the driver's end)."""
+
+    job_id: str
+    state: str
+    nodes: str
+    log: str
+    ray: tuple[str, ...]
+
+
+def submit(script: Path) -> tuple[str, str]:
+    """``sbatch`` the script; the job id and the path of its log (Slurm's, ``%j`` resolved)."""
+    job_id = _slurm("sbatch", "--parsable", str(script)).strip().split(";")[0]
+    return job_id, job_status(job_id).log
+
+
+def job_status(job_id: str) -> SlurmStatus:
+    fields = dict(
+        word.split("=", 1) for word in _slurm("scontrol", "show", "job", job_id).split() if "=" in word
+    )
+    log = fields.get("StdOut", "")
+    try:
+        lines = Path(log).read_text(errors="replace").splitlines() if log else []
+    except OSError:  # on another node's disk, or not written yet
+        lines = []
+    ray = tuple(line.split("] ", 1)[1] for line in lines if line.startswith("[rlinfra-slurm"))
+    return SlurmStatus(job_id, fields.get("JobState", "?"), fields.get("NodeList", "?"), log, ray)
+
+
+# Any routable address: connecting a UDP socket sends nothing, but makes the kernel pick the
+# source address of the route towards it (TEST-NET-1).
+ROUTE_PROBE = ("192.0.2.1", 9)
+
+
+def _routed_address() -> list[str]:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(ROUTE_PROBE)
+            return [probe.getsockname()[0]]
+    except OSError:
+        return []
+
+
+def _hostname_addresses() -> list[str]:
+    try:
+        return socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        return []
+
+
+def node_address(
+    sources: Iterable[Callable[[], list[str]]] = (_routed_address, _hostname_addresses),
+) -> str | None:
+    """This node's address as other nodes reach it: the first non-loopback address the
+    ``sources`` give (the route's source address, then the hostname's addresses), else None.
+    ``hostname --ip-address`` alone gives 127.0.1.1 on Debian hosts that map their name to it."""
+    for source in sources:
+        for address in source():
+            if not ipaddress.ip_address(address).is_loopback:
+                return address
+    return None
+
+
+def print_node_address(argv: Sequence[str] | None = None) -> None:
+    """The script's head-address step (``python -c``, with the node count as argument): print
+    ``node_address()``; with one node, fall back to loopback; else fail naming the problem."""
+    nodes = int((argv or sys.argv[1:] or ["1"])[0])
+    address = node_address()
+    if address is None and nodes > 1:
+        sys.exit(
+            f"{socket.gethostname()}: no address other nodes could reach (only loopback); set "
+            "RLINFRA_SLURM_NODE_IP, or map the hostname to the node's network address in /etc/hosts"
+        )
+    print(address or "127.0.0.1")
 
 
 def _sbatch_option(option: str) -> str:

@@ -8,17 +8,23 @@
 # driver's status, or non-zero when a node failed first. Every wait has a deadline.
 #
 # Environment overrides (for a local dry run; a real allocation needs none of them):
-#   RLINFRA_SLURM_NODE_IP     IP for every `ray start` (default: `hostname --ip-address` per node)
+#   RLINFRA_SLURM_NODE_IP     IP for every `ray start` (default: the head's routable address, found
+#                             on the head; never a loopback address when there are several nodes)
 #   RLINFRA_SLURM_TEMP_DIR    Ray temp dirs go to $RLINFRA_SLURM_TEMP_DIR/nodeRANK (default: Ray's)
 #   RLINFRA_SLURM_PORT        the head's GCS port (default @@PORT@@)
 #   RLINFRA_SLURM_HEAD_ARGS   extra `ray start` arguments for the head (e.g. --dashboard-port=N)
 #   RLINFRA_SLURM_WORKER_ARGS extra `ray start` arguments for the other nodes
 #   RLINFRA_SLURM_NODE_TIMEOUT seconds to wait for the head and then for all nodes (default @@NODE_TIMEOUT@@)
-#   RLINFRA_SLURM_STOP_GRACE  seconds between SIGTERM and SIGKILL at teardown (default @@STOP_GRACE@@)
+#   RLINFRA_SLURM_STOP_GRACE  seconds between SIGTERM and SIGKILL at teardown (default @@STOP_GRACE@@,
+#                             shortened to fit inside Slurm's KillWait)
 #   RLINFRA_SLURM_RAY, RLINFRA_SLURM_PYTHON  the `ray` and `python` to run (default: from PATH)
 # Token authentication: RAY_AUTH_MODE defaults to token; without RAY_AUTH_TOKEN or
 # RAY_AUTH_TOKEN_PATH a fresh token is made for this allocation. srun passes the environment to
 # every node, so the nodes and the driver share it; it never appears on a command line.
+# Each node's CPUs: --cpus-per-node when rendered with it, else what Slurm allocated on that node
+# (SLURM_JOB_CPUS_PER_NODE), so Ray never advertises the whole host inside a smaller allocation.
+# Teardown reaches the Ray nodes through Slurm (`scancel --signal=TERM JOB`: srun itself answers
+# SIGTERM by killing its tasks at once), and Ray stops without draining on SIGTERM.
 set -uo pipefail
 @@SETUP@@
 num_nodes=@@NUM_NODES@@
@@ -34,11 +40,34 @@ stop_grace=${RLINFRA_SLURM_STOP_GRACE:-@@STOP_GRACE@@}
 read -r -a head_args <<< "${RLINFRA_SLURM_HEAD_ARGS:-}"
 read -r -a worker_args <<< "${RLINFRA_SLURM_WORKER_ARGS:-}"
 
-# One task per node; it gets the node's CPUs when they are known (a step gets 1 CPU otherwise).
-step=(--nodes=1 --ntasks=1)
-[[ $cpus_per_node != auto ]] && step+=(--cpus-per-task="$cpus_per_node")
-
 log() { echo "[rlinfra-slurm $(date +%H:%M:%S)] $*" >&2; }
+
+# The CPUs Slurm allocated on each node, in allocation order ("4(x2),2" -> 4 4 2).
+slurm_cpus=()
+IFS=, read -r -a cpu_groups <<< "${SLURM_JOB_CPUS_PER_NODE:-}"
+for group in "${cpu_groups[@]}"; do
+    if [[ $group =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+        for ((i = 0; i < BASH_REMATCH[2]; i++)); do slurm_cpus+=("${BASH_REMATCH[1]}"); done
+    elif [[ $group =~ ^[0-9]+$ ]]; then
+        slurm_cpus+=("$group")
+    fi
+done
+node_cpus() {  # RANK: the node's CPUs, or "auto" when neither the script nor Slurm says
+    if [[ $cpus_per_node != auto ]]; then echo "$cpus_per_node"; else echo "${slurm_cpus[$1]:-auto}"; fi
+}
+step_args() {  # RANK: one task on one node, with the node's CPUs when they are known
+    local args=(--nodes=1 --ntasks=1) cpus
+    cpus=$(node_cpus "$1")
+    [[ $cpus != auto ]] && args+=(--cpus-per-task="$cpus")
+    printf '%s\n' "${args[@]}"
+}
+
+# Slurm SIGKILLs a cancelled job's processes KillWait seconds after SIGTERM: the teardown's grace
+# must end before that, or this script is killed in the middle of it.
+kill_wait=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')
+if [[ $kill_wait =~ ^[0-9]+$ ]] && ((stop_grace > kill_wait - 2)); then
+    stop_grace=$((kill_wait > 3 ? kill_wait - 2 : 1))
+fi
 
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 if [[ $RAY_AUTH_MODE == token && -z ${RAY_AUTH_TOKEN:-} && -z ${RAY_AUTH_TOKEN_PATH:-} ]]; then
@@ -46,6 +75,8 @@ if [[ $RAY_AUTH_MODE == token && -z ${RAY_AUTH_TOKEN:-} && -z ${RAY_AUTH_TOKEN_P
     export RAY_AUTH_TOKEN
 fi
 export RAY_DISABLE_USAGE_STATS=1
+# On SIGTERM a Ray node drains for 30 s before stopping by default, longer than any grace here.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
 
 pids=()        # every background srun (one per node), head first
 names=()       # "node RANK (HOST)" for each of them
@@ -53,11 +84,16 @@ driver_pid=""
 
 teardown() {
     # SIGTERM the driver and every node at once, SIGKILL whatever still runs stop_grace s later.
+    # The nodes' tasks are signalled through Slurm; srun only where there is no Slurm job (or
+    # scancel fails), since srun answers SIGTERM by SIGKILLing its tasks.
     trap - EXIT INT TERM HUP
-    local alive=() pid waited=0
+    local alive=() pid waited=0 through_slurm=0
+    if ((${#pids[@]})) && [[ -n ${SLURM_JOB_ID:-} ]] && scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null; then
+        through_slurm=1
+    fi
     for pid in $driver_pid "${pids[@]}"; do
         if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null
+            if [[ $pid == "$driver_pid" ]] || ((!through_slurm)); then kill -TERM "$pid" 2>/dev/null; fi
             alive+=("$pid")
         fi
     done
@@ -121,9 +157,13 @@ if ((${#hosts[@]} < num_nodes)); then
     exit 1
 fi
 head_host=${hosts[0]}
-head_ip=${RLINFRA_SLURM_NODE_IP:-$(srun --nodes=1 --ntasks=1 --nodelist="$head_host" hostname --ip-address | awk '{print $1}')}
+# The head's address as the other nodes must reach it: the one its route to the network uses,
+# else a non-loopback address its hostname resolves to (Debian maps the hostname to 127.0.1.1).
+find_address='from rlinfra.services.slurm import print_node_address; print_node_address()'
+mapfile -t probe < <(step_args 0)
+head_ip=${RLINFRA_SLURM_NODE_IP:-$(srun "${probe[@]}" --nodelist="$head_host" "$python_bin" -c "$find_address" "$num_nodes")}
 if [[ -z $head_ip ]]; then
-    log "cannot find the IP address of $head_host"
+    log "cannot find an address of $head_host that the other nodes can reach; set RLINFRA_SLURM_NODE_IP"
     exit 1
 fi
 ray_address="$head_ip:$port"
@@ -133,12 +173,15 @@ node_args() {  # RANK: arguments every `ray start` gets
     [[ -n ${RLINFRA_SLURM_NODE_IP:-} ]] && args+=(--node-ip-address="$RLINFRA_SLURM_NODE_IP")
     [[ -n ${RLINFRA_SLURM_TEMP_DIR:-} ]] && args+=(--temp-dir="$RLINFRA_SLURM_TEMP_DIR/node$1")
     [[ $gpus_per_node != auto ]] && args+=(--num-gpus="$gpus_per_node")
-    [[ $cpus_per_node != auto ]] && args+=(--num-cpus="$cpus_per_node")
+    local cpus
+    cpus=$(node_cpus "$1")
+    [[ $cpus != auto ]] && args+=(--num-cpus="$cpus")
     printf '%s\n' "${args[@]}"
 }
 
 log "head: $head_host ($ray_address); $num_nodes node(s): ${hosts[*]:0:num_nodes}"
 mapfile -t args < <(node_args 0)
+mapfile -t step < <(step_args 0)
 srun "${step[@]}" --nodelist="$head_host" \
     "$ray_bin" start --head --port="$port" "${args[@]}" "${head_args[@]}" &
 pids+=($!)
@@ -180,6 +223,7 @@ status=$?
 
 for ((rank = 1; rank < num_nodes; rank++)); do
     mapfile -t args < <(node_args "$rank")
+    mapfile -t step < <(step_args "$rank")
     srun "${step[@]}" --nodelist="${hosts[$rank]}" \
         "$ray_bin" start --address="$ray_address" "${args[@]}" "${worker_args[@]}" &
     pids+=($!)

@@ -1,4 +1,4 @@
-"""The main job from the command line: ``rlinfra run`` with overrides, a real SIGINT, ``--resume``,
+"""The main job from the command line: ``rlinfra run`` with overrides, a real SIGTERM, ``--resume``,
 and ``python -m examples.ppo_cartpole`` rejecting a bad Hydra override before anything starts."""
 
 from __future__ import annotations
@@ -61,17 +61,19 @@ def _ray_servers_of(driver_pid: int) -> set[int]:
     return found
 
 
-def test_sigint_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) -> None:
-    """The real command in its own process: its plan shown first, Ctrl-C in the middle of a
-    run ends it with status 130, everything released (its embedded Ray too), a checkpoint written
-    and the way to resume printed. What ``--resume`` then does is tested in-process
-    (``test_job_faults``); that the CLI passes the flag, in ``tests/cli/test_run.py``."""
+def test_sigterm_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) -> None:
+    """The real command in its own process: its plan shown first, SIGTERM (``kill``, Slurm's
+    ``scancel``) in the middle of a run stops it as Ctrl-C does (the same handler; SIGINT itself is
+    raised in-process in ``test_job_faults``): status 130, no traceback (Ray's own driver handler
+    would exit with one), everything released (its embedded Ray too), a checkpoint written and the
+    way to resume printed. What ``--resume`` then does is tested in-process (``test_job_faults``);
+    that the CLI passes the flag, in ``tests/cli/test_run.py``."""
     out = tmp_path / "run"
     process = _start("algo.iterations=50", f"run.output_dir={out}")
     _wait_for_iterations(out, 2, process, timeout_s=180)
     started_by_run = _ray_servers_of(process.pid)
     assert started_by_run, "the run's embedded Ray should be visible"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=90)
     assert process.returncode == 130, output
     assert "interrupted after iteration" in output and "--resume" in output

@@ -1,5 +1,6 @@
 """The one-node embedded Ray (no ``simulate``, no ``address``): on loopback with a token made for
-the run, and the user's own Ray settings back in place once it is shut down."""
+the run, and the user's own Ray settings back in place once it is shut down; and what a
+``simulate`` config does where ``RAY_ADDRESS`` names a cluster."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import ray
 
 from rlinfra import Cluster
+from rlinfra.runtime.cluster import check_simulated_shape
+from rlinfra.runtime.discovery import RayNode
 from rlinfra.runtime.errors import ClusterError
 from tests.listeners import descendants, listeners_of
 
@@ -46,3 +49,18 @@ def test_auth_disabled_by_the_user_is_refused_for_the_embedded_ray(monkeypatch):
     with pytest.raises(ClusterError, match="RAY_AUTH_MODE=disabled: the embedded Ray always requires"):
         Cluster(cluster_cfg={"num_nodes": 1})
     assert not ray.is_initialized()
+
+
+def test_a_simulate_config_under_ray_address_attaches_and_must_match(monkeypatch):
+    """Inside an allocation rlinfra's Slurm script started (``RAY_ADDRESS`` set), a ``simulate``
+    config uses that cluster, which must have the simulated shape; what only shapes a simulated
+    cluster is refused there, before connecting. (Attaching itself: the PPO job on real Slurm.)"""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # never reached: refused first
+    with pytest.raises(ClusterError, match=r"cluster\.simulate_cpus shapes a simulated cluster"):
+        Cluster(cluster_cfg={"num_nodes": 2, "simulate": "2x4", "simulate_cpus": 8})
+    nodes = [
+        RayNode(rank, f"n{rank}", "10.0.0.1", rank == 0, {"GPU": gpus}, {}) for rank, gpus in ((0, 4), (1, 2))
+    ]
+    with pytest.raises(ClusterError, match=r"cluster.simulate is \[4, 4\] .* has \[4, 2\]"):
+        check_simulated_shape(nodes, (4, 4))
+    check_simulated_shape(nodes, (4, 2))
