@@ -198,8 +198,10 @@ def _wait_for(path: Path, job: Job, slurm, timeout_s: float) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_two_node_job_sees_both_nodes_then_completes(slurm, submit, tmp_path: Path) -> None:
+    submitted = time.monotonic()
     job = submit(_script(tmp_path, DRIVER), "--cpus-per-node", "3")
     assert slurm.wait_job(job.id, 150) == "COMPLETED", job.text()[-3000:]
+    print(f"\nthe 2-node job: submitted to COMPLETED in {time.monotonic() - submitted:.1f} s")
     assert slurm.exit_code(job.id) == "0:0"
     text = job.text()
     assert "ranks [(0, '0'), (1, '1')]" in text
@@ -249,6 +251,7 @@ def test_scancel_stops_ray_by_sigterm_within_killwait_quietly(slurm, submit, tmp
     assert slurm.wait_job(job.id, 60) == "CANCELLED"
     _assert_nothing_left(job, timeout_s=slurm_cluster.KILL_WAIT_S)
     took = time.monotonic() - cancelled
+    print(f"\nscancel -> the job and all its processes gone in {took:.1f} s")
     text = job.text()
     assert took < slurm_cluster.KILL_WAIT_S, f"{took:.1f} s: Slurm had to SIGKILL\n{text[-3000:]}"
     assert slurm.exit_code(job.id) != "0:9", text[-3000:]  # the script was not SIGKILLed
