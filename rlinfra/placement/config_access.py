@@ -64,16 +64,22 @@ def require_str(value: Any, where: str) -> str:
     return value.strip()
 
 
+def did_you_mean(key: str, allowed: Sequence[str]) -> str:
+    """``"did you mean 'node_groups'?"`` for the valid name nearest to ``key``, else ``""``: the
+    one typo hint of every config error, rlinfra's sections and a job's alike."""
+    nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    return f"did you mean {nearest[0]!r}?" if nearest else ""
+
+
 def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
     """Typos in field names would otherwise be silently ignored; name them, and the nearest
     valid field (``node_grups`` → ``node_groups``)."""
     unknown = [key for key in section if key not in allowed]
     if unknown:
         key = str(unknown[0])
-        nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-        hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+        hint = did_you_mean(key, allowed)
         raise PlacementError(
-            f"unknown field {key!r}{hint}",
+            f"unknown field {key!r}" + (f"; {hint}" if hint else ""),
             where=where,
             expected="one of " + ", ".join(repr(a) for a in allowed),
         )

@@ -35,7 +35,7 @@ What is enforced where:
   nodes, method and the component awake on its devices. ``sleep``/``wake`` themselves are refused
   there too: only the schedule calls them, so its record of who is awake stays true.
   ``rlinfra_``-prefixed host methods (readiness, probes, the schedule's own calls) pass, and so
-  do the weight-update methods (``SERVED_ASLEEP``: they work on host memory); calls to a fused
+  do the weight-update methods (``@served_asleep``: they work on host memory); calls to a fused
   worker's roles are refused like any other.
 * worker side, for callers that bypass the group (an actor handle, another actor): a
   ``TimeShared`` class's public methods are wrapped once, when the class is defined, by a check of
@@ -82,25 +82,24 @@ from rlinfra.runtime.calls import GroupCall, remaining
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import ROLE_CALL, CallGuard, WorkerGroup
 from rlinfra.runtime.progress import WATCH_GROUP
+from rlinfra.runtime.served_asleep import is_served_asleep
 from rlinfra.runtime.worker import Worker
 
 DEFAULT_SWITCH_TIMEOUT_S = 300.0  # an engine reloading a large model's weights takes minutes
 SLEEP, WAKE = "sleep", "wake"  # the hooks, and the actions in ``phases``
 AWAKE, ASLEEP, UNKNOWN = "awake", "asleep", "unknown"  # UNKNOWN: its last sleep or wake failed
 INTERNAL_PREFIX = "rlinfra_"  # rlinfra's own worker methods: never refused (but a fused role's are)
-# Served while asleep: a weight update stages a version in host memory and, on an engine that
-# sleeps with its parameters offloaded to the host, loads it into them there (``wake`` then takes
-# the new version to the device); a trainer asleep still exports its offloaded parameters. So a
-# colocated job stages (and even commits) the next version while the other component has its turn.
-# An engine receiver's own hooks (``engine_state``, ``load_weights``) run inside those calls.
-SERVED_ASLEEP = ("weights_", "set_initial_weights", "engine_state", "load_weights")
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def refused_while_asleep(method: str) -> bool:
-    """Whether a sleeping component refuses ``method``: every method but rlinfra's own and the
-    weight-update ones — and a fused worker's role calls are refused like the roles' methods."""
-    return method == ROLE_CALL or not method.startswith((INTERNAL_PREFIX, *SERVED_ASLEEP))
+def refused_while_asleep(cls: type, method: str) -> bool:
+    """Whether a sleeping worker of class ``cls`` refuses ``method``: every method but rlinfra's
+    own and those marked ``@served_asleep`` (the weight-update ones: a colocated job stages, even
+    commits, the next version while the other component has its turn) — and a fused worker's
+    role calls are refused like the roles' methods."""
+    if method == ROLE_CALL:
+        return True
+    return not (method.startswith(INTERNAL_PREFIX) or is_served_asleep(cls, method))
 
 
 class TimeSharingError(RuntimeError):
@@ -191,7 +190,7 @@ class TimeShared(Worker):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name in dir(cls):
-            if name.startswith("_") or name in _EXEMPT or not refused_while_asleep(name):
+            if name.startswith("_") or name in _EXEMPT or not refused_while_asleep(cls, name):
                 continue
             member = inspect.getattr_static(cls, name)
             if inspect.isfunction(member) and not getattr(member, "_rlinfra_guarded", False):
@@ -621,7 +620,7 @@ class TimeSharing:
     def _guard(self, component: str, method: str, ranks: Sequence[int]) -> None:
         """The group's ``call_guard``: refuse user calls into a component that is not awake, and
         the hooks themselves (only the schedule calls them)."""
-        if not refused_while_asleep(method):
+        if not refused_while_asleep(self.groups[component].worker_cls, method):
             return
         if method in (SLEEP, WAKE):
             raise TimeSharingError(

@@ -11,7 +11,6 @@ does not read, so nothing a user writes is ignored.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from rlinfra.placement.config_access import to_plain
+from rlinfra.placement.config_access import did_you_mean, to_plain
 
 
 class JobConfigError(ValueError):
@@ -61,8 +60,8 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
 
 def unknown_key(where: str, key: str, kind: str, allowed: Sequence[str]) -> JobConfigError:
     """Typos would otherwise be silently ignored: name the key and the nearest valid one."""
-    nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    hint = f"did you mean {nearest[0]!r}? " if nearest else ""
+    hint = did_you_mean(key, allowed)
+    hint = f"{hint} " if hint else ""
     return JobConfigError(f"{where}: unknown {kind}; {hint}expected one of {', '.join(allowed)}")
 
 

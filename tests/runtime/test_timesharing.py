@@ -20,6 +20,7 @@ import ray
 
 from rlinfra import Worker, fuse
 from rlinfra.runtime.layout import Layout
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.runtime.timesharing import (
     ComponentAsleepError,
     SwitchError,
@@ -93,7 +94,8 @@ class Learner(Worker):
 
 
 class FusedToy(TimeShared, fuse(learner=Learner)):  # type: ignore[misc]
-    """A fused worker (one role) that time-shares; ``weights_*`` methods work on host memory."""
+    """A fused worker (one role) that time-shares; ``weights_stage`` works on host memory, so it
+    is declared served while asleep (``weights_unmarked`` is not, whatever its name says)."""
 
     def sleep(self) -> None:
         pass
@@ -101,8 +103,12 @@ class FusedToy(TimeShared, fuse(learner=Learner)):  # type: ignore[misc]
     def wake(self) -> None:
         pass
 
+    @served_asleep
     def weights_stage(self) -> str:
         return "staged"
+
+    def weights_unmarked(self) -> str:
+        return "ran"
 
 
 class Bare(Worker):
@@ -319,6 +325,8 @@ def test_a_sleeping_fused_worker_refuses_its_roles_but_serves_weight_updates(lau
         with pytest.raises(ComponentAsleepError, match=r"component 'fused' is asleep .* 'mate' is awake"):
             fused.role("learner").step().wait(timeout=30)
         assert fused.weights_stage().wait(timeout=30) == ["staged"]  # staging works on host memory
+        with pytest.raises(ComponentAsleepError, match=r"call fused\.weights_unmarked refused"):
+            fused.weights_unmarked().wait(timeout=30)
         schedule.wake("fused")
         assert fused.role("learner").step().wait(timeout=30) == ["stepped"]
 

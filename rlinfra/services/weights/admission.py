@@ -25,6 +25,7 @@ import numpy as np
 import ray
 import xxhash
 
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsVerifyError
@@ -51,6 +52,7 @@ class Snapshot:
 class AdmissionReceiver(ReceiverSide):
     """A rollout worker's side of admission: give a snapshot (as a peer), take one (as a newcomer)."""
 
+    @served_asleep
     def weights_snapshot(self) -> Snapshot:
         """The version this worker serves, as packed buckets with their checksums (host memory:
         a GPU engine's tensors are copied to the host by ``pack``)."""
@@ -66,6 +68,7 @@ class AdmissionReceiver(ReceiverSide):
         )
         return Snapshot(current.version, Manifest(current.version, specs), arrays, checksums)
 
+    @served_asleep
     def weights_admit(self, source: list[Any], expected: Expected) -> dict[str, Any]:
         """Take the snapshot ``source[0]`` refers to (a peer's), verified, as the serving version.
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.admission import Snapshot
 from rlinfra.services.weights.buckets import Manifest
@@ -89,12 +90,14 @@ class EngineReceiver(WeightReceiver):
     weights_as_torch = True
 
     # -------------------------------------------------------------------- the engine's hooks
+    @served_asleep
     def engine_state(self) -> Mapping[str, Any]:
         raise NotImplementedError(
             "an EngineReceiver must implement engine_state() -> {name: tensor}: views of the "
             "parameters its engine serves, under the trainer's names"
         )
 
+    @served_asleep
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Put each (name, tensor) into the engine: by default an in-place copy into the tensor
         ``engine_state()`` names (host to device on a GPU engine)."""
@@ -109,6 +112,7 @@ class EngineReceiver(WeightReceiver):
                     raise ValueError(f"the engine has no parameter {name!r} (engine_state() has {known} ...)")
                 target.copy_(tensor)
 
+    @served_asleep
     def weights_loaded(self, version: int) -> None:
         """The engine now serves ``version``: drop every cache computed with other weights."""
 

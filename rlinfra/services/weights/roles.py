@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights.admission import AdmissionReceiver, WeightsNotAdmittedError
 from rlinfra.services.weights.buckets import Manifest, plan_buckets
 from rlinfra.services.weights.buffers import Buffers, Expected, WeightsSwapError, WeightsView
@@ -71,6 +72,7 @@ class WeightReceiver(
             with state:
                 state.gate.leave()
 
+    @served_asleep
     def weights_changed(self) -> list[int]:
         """Buckets of the serving version whose bytes no longer hash to what verify accepted.
 
@@ -84,6 +86,7 @@ class WeightReceiver(
         return [i for i in sorted(current.checksums) if current.digest(i) != current.checksums[i]]
 
     # -------------------------------------------------------------------------- update side
+    @served_asleep
     def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers, hashed: bool = True) -> None:
         """Stage ``manifest`` into a new shadow of buffers ``kind`` (the transport's), reusing the
         last-but-one version's memory where it can; generation keeps going."""
@@ -93,10 +96,12 @@ class WeightReceiver(
         shadow.allocate(spare)
         state.shadow = shadow
 
+    @served_asleep
     def weights_stage_done(self, version: int) -> None:
         """Build the tensor views of the shadow now, so that the swap itself is O(1)."""
         self._weights_shadow(version).build_views(self.weights_as_torch)
 
+    @served_asleep
     def weights_pause(self, owner: str, lease_s: float, drain_timeout_s: float) -> int:
         """Close the gate (owner + lease) and wait for in-flight generation to drain. Returns how
         many generation calls the serving version has served."""
@@ -104,6 +109,7 @@ class WeightReceiver(
             state.gate.close(owner, lease_s, drain_timeout_s)
             return state.served.get(state.current.version, 0)
 
+    @served_asleep
     def weights_swap(self, owner: str, version: int) -> int:
         """Make the shadow current (O(1)); keep the old current for rollback. Returns the old version."""
         with self._weights() as state:
@@ -111,6 +117,7 @@ class WeightReceiver(
                 raise WeightsSwapError(f"the update gate is held by {state.gate.paused_by!r}, not {owner!r}")
             return state.swap(version)
 
+    @served_asleep
     def weights_verify(self, expected: Expected) -> dict[str, Any]:
         """The version serving now and the checksum of every bucket as received, checked against
         what the sender sent (``Buffers.adopt_checks``: shared weights, hashed once per node,
@@ -118,6 +125,7 @@ class WeightReceiver(
         with self._weights() as state:
             return state.verify(expected)
 
+    @served_asleep
     def weights_swap_verify(self, owner: str, expected: Expected) -> dict[str, Any]:
         """Swap, then verify, in one call: one round trip less while generation is paused. The
         semantics are those of the two steps in turn (every worker swaps and checks its own bytes;
@@ -125,6 +133,7 @@ class WeightReceiver(
         self.weights_swap(owner, expected.version)
         return self.weights_verify(expected)
 
+    @served_asleep
     def weights_pause_swap_verify(
         self, owner: str, lease_s: float, drain_timeout_s: float, expected: Expected
     ) -> int:
@@ -136,11 +145,13 @@ class WeightReceiver(
         self.weights_swap_verify(owner, expected)
         return drained
 
+    @served_asleep
     def weights_rollback(self, version: int) -> int:
         """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
         with self._weights() as state:
             return state.rollback(version)
 
+    @served_asleep
     def weights_resume(self, owner: str) -> tuple[int, float]:
         """Reopen the gate (only its owner may). Returns the version now serving and how long, by
         this worker's clock, the gate was closed (0 if it was not closed by ``owner``)."""
@@ -151,9 +162,11 @@ class WeightReceiver(
 class WeightSender(ObjectStoreSender, BroadcastSender, CudaIpcSender):
     """Mixin for the trainer: ``weights_state()`` returns the state dict to publish."""
 
+    @served_asleep
     def weights_state(self) -> Mapping[str, Any]:
         raise NotImplementedError("a WeightSender must implement weights_state() -> {name: tensor}")
 
+    @served_asleep
     def weights_open(self, version: int, bucket_bytes: int, hashed: bool = True) -> Manifest:
         """Fix the state to send (a reference, no copy) and its bucket layout, and whether its
         buckets are checksummed."""
@@ -162,6 +175,7 @@ class WeightSender(ObjectStoreSender, BroadcastSender, CudaIpcSender):
         self._rlinfra_sending = Sending(version, state, plan_buckets(state, bucket_bytes), hashed)
         return Manifest(version, self._rlinfra_sending.buckets)
 
+    @served_asleep
     def weights_close(self, version: int) -> None:
         """The update is over (staged, or failed): forget the state and free shared buckets."""
         sending = getattr(self, "_rlinfra_sending", None)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights.buckets import BucketSpec, Manifest
 from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, NodeChecks
 
@@ -155,6 +156,7 @@ class ReceiverSide:
 
     weights_as_torch = False  # unpack into torch tensors instead of numpy arrays
 
+    @served_asleep
     def set_initial_weights(self, tensors: Mapping[str, Any], version: int = 0) -> None:
         """Weights to serve before the first update (e.g. loaded from a checkpoint)."""
         self._rlinfra_weights = DoubleBuffers(Buffers(version, Manifest(version, ()), tensors=dict(tensors)))

@@ -15,6 +15,7 @@ import numpy as np
 
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.process_groups import cross_group
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights.buckets import Manifest, checksum, pack
 from rlinfra.services.weights.transports.base import ReceiverSide, SenderSide, Transport, gone_ranks
 
@@ -65,6 +66,7 @@ class BroadcastTransport(Transport):
 class BroadcastSender(SenderSide):
     """The trainer's side: each bucket packed into one reused buffer and broadcast from it."""
 
+    @served_asleep
     def weights_broadcast(self, version: int, group_name: str) -> dict[int, int]:
         """Send every bucket through a cross-component process group (this rank is its src)."""
         import torch
@@ -84,6 +86,7 @@ class BroadcastSender(SenderSide):
 class BroadcastReceiver(ReceiverSide):
     """A rollout worker's side: each bucket broadcast straight into the private shadow."""
 
+    @served_asleep
     def weights_receive_broadcast(self, version: int, group_name: str, src: int = 0) -> dict[int, int]:
         """Receive every bucket from a cross-component process group, in bucket order."""
         import torch

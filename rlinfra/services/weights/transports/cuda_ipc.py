@@ -27,6 +27,7 @@ import functools
 from typing import Any
 
 from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import Buffers
 from rlinfra.services.weights.transports import cuda_handles
@@ -93,6 +94,7 @@ def _node_of(group: WorkerGroup, rank: int) -> str:
 class CudaIpcSide:
     """What both sides report, to check a pairing before any transfer."""
 
+    @served_asleep
     def weights_cuda_info(self) -> cuda_handles.CudaInfo:
         import ray
 
@@ -102,6 +104,7 @@ class CudaIpcSide:
 class CudaIpcSender(CudaIpcSide, SenderSide):
     """The trainer's side: each bucket packed on its GPU and shared, at most two alive."""
 
+    @served_asleep
     def weights_ipc_share(self, version: int, index: int, acked: int) -> tuple[int, cuda_handles.IpcBucket]:
         """Pack bucket ``index`` on this GPU and share it by CUDA IPC; every receiver has copied
         the buckets ``<= acked``, which are freed first (so at most two are ever alive).
@@ -116,6 +119,7 @@ class CudaIpcSender(CudaIpcSide, SenderSide):
         live.hold(index, buffer, spec.nbytes)
         return digest, handle
 
+    @served_asleep
     def weights_ipc_stats(self) -> dict[str, int]:
         """Buckets alive now and at most, since the process started (the memory bound, observed)."""
         live = cuda_handles.live_buckets()
@@ -129,6 +133,7 @@ class CudaIpcSender(CudaIpcSide, SenderSide):
 class CudaIpcReceiver(CudaIpcSide, ReceiverSide):
     """A rollout worker's side: each shared bucket mapped and copied into the GPU shadow."""
 
+    @served_asleep
     def weights_receive_ipc(self, version: int, index: int, bucket: cuda_handles.IpcBucket) -> int:
         """Map the sender's bucket (CUDA IPC, no copy), copy it into the GPU shadow, checksum what
         landed (through a host copy), and drop the mapping so the sender may free the bucket."""

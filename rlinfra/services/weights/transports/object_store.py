@@ -19,6 +19,7 @@ import numpy as np
 import ray
 import xxhash
 
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.transports.base import ReceiverSide, SenderSide, Transport
@@ -46,6 +47,7 @@ class ObjectStoreSender(SenderSide):
     # How long a put waits for Ray to release the bucket two before it (see ``weights_put``).
     weights_release_wait_s = 1.0
 
+    @served_asleep
     def weights_put(self, version: int, index: int, bounded: bool = True) -> tuple[int, list[Any]]:
         """Put bucket ``index``'s tensors into the object store as they are (one copy, no packing);
         returns the checksum of their bytes and ``[ref]``. ``bounded=False`` (shared weights,
@@ -80,6 +82,7 @@ class ObjectStoreSender(SenderSide):
 class ObjectStoreReceiver(ReceiverSide):
     """A rollout worker's side: each bucket copied into the private shadow, hashed as it lands."""
 
+    @served_asleep
     def weights_receive(self, version: int, index: int, payload: list[np.ndarray]) -> int:
         """Copy one bucket's tensors (zero-copy views of the object store) into the shadow
         buffer, checksumming what landed there as it lands (the entries tile the bucket, so this

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from rlinfra.runtime.calls import GroupCall
+from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import Buffers, Expected, NodeChecks
@@ -121,6 +122,7 @@ class SharedTransport(Transport):
 class SharedReceiver(ReceiverSide):
     """A rollout worker's side: buckets kept where Ray maps them, hashed once per node."""
 
+    @served_asleep
     def weights_map(
         self, version: int, index: int, refs: list[Any], hashers: tuple[int, ...], timeout_s: float
     ) -> tuple[str, int | None]:
@@ -139,6 +141,7 @@ class SharedReceiver(ReceiverSide):
             shadow.checksums[index] = buckets.arrays_checksum(arrays)
         return ref.hex(), shadow.checksums.get(index)
 
+    @served_asleep
     def weights_release_previous(self, version: int) -> bool:
         """Version ``version`` is committed everywhere: the one before it can no longer be rolled
         back to. Shared weights drop it now, so between updates a node's store holds one version
