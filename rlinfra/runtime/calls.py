@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
 from rlinfra.runtime.watchdog import ProgressSource, StuckWatch
 
@@ -113,22 +114,22 @@ class GroupCall:
         one) are reported as still running instead of being waited for.
         """
         limit = self._default_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = Deadline.after(limit)
         pending = list(self.refs)
         results: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
         watch = self._watch(self.stuck_after if isinstance(stuck_after, Default) else stuck_after)
         while pending and not failures:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            left = deadline.left()
+            if left <= 0:
                 break
-            slice_s = remaining if watch is None else min(remaining, watch.due_in())
+            slice_s = left if watch is None else min(left, watch.due_in())
             ready, pending = ray.wait(pending, num_returns=1, timeout=slice_s)
             self._collect(ready, results, failures)
             if watch is not None and not ready and watch.due_in() == 0:
                 failures.update(self._stuck(watch, pending))
         if failures and pending:
-            grace = max(0.0, min(deadline, time.monotonic() + FAILURE_GRACE_S) - time.monotonic())
+            grace = deadline.sooner(FAILURE_GRACE_S).left()
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
             self._collect(ready, results, failures)
         elif pending:
@@ -185,8 +186,8 @@ class GroupCall:
         ``NODE_VERDICT_S``, for Ray's verdict on that node, so the error can say what happened."""
         dead = self._dead_nodes()
         suspects = {self._node_of_rank(rank) for rank in self._unreachable} - dead - {None}
-        deadline = time.monotonic() + NODE_VERDICT_S
-        while suspects and time.monotonic() < deadline:
+        deadline = Deadline.after(NODE_VERDICT_S)
+        while suspects and not deadline.expired:
             time.sleep(0.1)
             dead = self._dead_nodes()
             suspects -= dead
@@ -216,11 +217,6 @@ class GroupCall:
         return f"GroupCall({self.group_name}.{self.action}, ranks={len(self.ranks)})"
 
 
-def remaining(deadline: float) -> float:
-    """Seconds left until ``deadline`` (``time.monotonic()``), never negative."""
-    return max(0.0, deadline - time.monotonic())
-
-
 def wait_all(calls: Sequence[GroupCall], timeout: float) -> list[Any]:
     """Each call's results (as its ``wait`` gives them), under one deadline for all of them.
 
@@ -228,11 +224,11 @@ def wait_all(calls: Sequence[GroupCall], timeout: float) -> list[Any]:
     one group's error back until another's timeout. At the deadline, the first call with ranks
     that never answered names them.
     """
-    deadline = time.monotonic() + timeout
+    deadline = Deadline.after(timeout)
     owner = {ref: call for call in calls for ref in call.refs}
     pending = list(owner)
     while pending:
-        left = deadline - time.monotonic()
+        left = deadline.left()
         if left <= 0:
             late = next(call for call in calls if not set(call.refs).isdisjoint(pending))
             unanswered = [ref for ref in late.refs if ref in pending]

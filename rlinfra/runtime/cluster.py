@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 import ray
@@ -23,6 +22,7 @@ from rlinfra.placement.cluster_spec import ClusterSpec
 from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS, ClusterConfig, parse_cluster_config
 from rlinfra.placement.config_access import as_mapping
 from rlinfra.placement.node_groups import NodeSpec
+from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.runtime.discovery import RayNode, rank_nodes
 from rlinfra.runtime.embedded import EmbeddedRay
 from rlinfra.runtime.errors import ClusterError
@@ -82,28 +82,33 @@ class Cluster:
 
     def _wait_for_nodes(self, timeout: float) -> list[RayNode]:
         """Poll Ray's node table until ``num_nodes`` nodes are alive; a progress line meanwhile."""
-        deadline = time.monotonic() + timeout
-        shown = False
-        while True:
-            nodes = rank_nodes(ray.nodes())
-            if len(nodes) >= self.num_nodes:
-                if shown:
-                    print(f"\r{len(nodes)}/{self.num_nodes} Ray nodes alive.        ", file=sys.stderr)
-                if len(nodes) > self.num_nodes:
-                    print(
-                        f"rlinfra: Ray has {len(nodes)} nodes; using the first {self.num_nodes} by rank",
-                        file=sys.stderr,
-                    )
-                return nodes[: self.num_nodes]
-            if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"only {len(nodes)} of {self.num_nodes} Ray nodes joined within {timeout:.0f} s "
-                    f"(cluster.num_nodes={self.num_nodes}); check that every node ran `ray start` "
-                    f"against this head, or lower num_nodes"
-                )
-            print(f"\rwaiting for Ray nodes: {len(nodes)}/{self.num_nodes}", end="", file=sys.stderr)
-            shown = True
-            time.sleep(0.5)
+        seen: list[RayNode] = []
+        waited: list[bool] = []
+
+        def enough() -> list[RayNode] | None:
+            seen[:] = rank_nodes(ray.nodes())
+            if len(seen) >= self.num_nodes:
+                if waited:  # end the progress line
+                    print(f"\r{len(seen)}/{self.num_nodes} Ray nodes alive.        ", file=sys.stderr)
+                return seen[: self.num_nodes]
+            print(f"\rwaiting for Ray nodes: {len(seen)}/{self.num_nodes}", end="", file=sys.stderr)
+            waited.append(True)
+            return None
+
+        def too_few() -> ClusterError:
+            return ClusterError(
+                f"only {len(seen)} of {self.num_nodes} Ray nodes joined within {timeout:.0f} s "
+                f"(cluster.num_nodes={self.num_nodes}); check that every node ran `ray start` "
+                f"against this head, or lower num_nodes"
+            )
+
+        nodes = poll(enough, Deadline.after(timeout), too_few, every_s=0.5)
+        if len(seen) > self.num_nodes:
+            print(
+                f"rlinfra: Ray has {len(seen)} nodes; using the first {self.num_nodes} by rank",
+                file=sys.stderr,
+            )
+        return nodes
 
     @property
     def embedded(self) -> EmbeddedRay | None:

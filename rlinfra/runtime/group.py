@@ -36,8 +36,9 @@ from rlinfra.placement.env_vars import EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation
-from rlinfra.runtime.calls import GroupCall, concat_chunks, remaining, split_batch
+from rlinfra.runtime.calls import GroupCall, concat_chunks, split_batch
 from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, driver_allowlist
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
@@ -151,7 +152,7 @@ class WorkerGroup:
         self._cluster = cluster
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         cpus = cpus_per_process(self.name, num_cpus, placement_strategy.num_cpus)
-        deadline = time.monotonic() + launch_timeout
+        deadline = Deadline.after(launch_timeout)
         # Configuration mistakes (credential-like env values, unreadable secrets) fail here,
         # before anything is reserved or started.
         envs = self._worker_envs(cluster, placement_strategy.env_vars)
@@ -175,7 +176,7 @@ class WorkerGroup:
             self._start_actors(pg, reservations, envs, runtime_envs, cluster.spec)
             self.worker_info = self._await_ready(deadline)
             self._check_ray_device_ids()
-            self.refresh_master_address(remaining(deadline))
+            self.refresh_master_address(deadline.left())
         except BaseException:
             self.shutdown()
             raise
@@ -264,12 +265,12 @@ class WorkerGroup:
                 f"node {row.planned_node_rank} ({len(wrong)} rank(s) misplaced)"
             )
 
-    def _await_ready(self, deadline: float) -> list[dict[str, Any]]:
+    def _await_ready(self, deadline: Deadline) -> list[dict[str, Any]]:
         call = self.call(HostMethods.rlinfra_ready, action="starting (constructor)")
         if len(call.refs) >= 16 and sys.stderr.isatty():
-            _progress_until_ready(call.refs, remaining(deadline), self.name)
+            _progress_until_ready(call.refs, deadline, self.name)
         # No progress watch: nothing answers a probe before its constructor has returned.
-        return call.wait(timeout=remaining(deadline), stuck_after=None)
+        return call.wait(timeout=deadline.left(), stuck_after=None)
 
     def _check_ray_device_ids(self) -> None:
         """Warn when Ray's ledger holds other device ids than the ones the workers use.
@@ -298,12 +299,12 @@ class WorkerGroup:
         """Rank 0 holds a bound port (a fresh one if a process group consumed the last), and every
         rank learns ``MASTER_ADDR``/``MASTER_PORT``; within ``timeout`` seconds. ``launch`` does it
         once; ``rlinfra.runtime.rendezvous`` again before and after each process group."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         reserving = self.call(HostMethods.rlinfra_reserve_port, [0], action="reserving the rendezvous port")
         address, port = reserving.wait(timeout)[0]
         env = {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
         publishing = self.call(HostMethods.rlinfra_set_env, args=(env,), action="publishing MASTER_ADDR")
-        publishing.wait(remaining(deadline))
+        publishing.wait(deadline.left())
         self.master_address = (address, port)
 
     # ------------------------------------------------------------------------------- dispatch
@@ -498,7 +499,7 @@ class WorkerGroup:
         except SupervisionError as error:
             record(REFUSED, str(error))
             raise
-        deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
+        deadline = Deadline.after(self.launch_timeout if timeout is None else timeout)
         try:
             self._retire(rank, deadline)
             self._start_again([rank], deadline, "restarting (constructor)")
@@ -518,7 +519,7 @@ class WorkerGroup:
             raise ValueError(f"worker group {self.name!r}: cannot remove ranks {bad} (running: {self.ranks})")
         if len(chosen) == len(self.ranks):
             raise ValueError(f"worker group {self.name!r}: cannot remove every rank; shut the group down")
-        deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
+        deadline = Deadline.after(self.launch_timeout if timeout is None else timeout)
         for rank in chosen:
             self._retire(rank, deadline)
             self._removed.add(rank)
@@ -533,7 +534,7 @@ class WorkerGroup:
             raise ValueError(
                 f"worker group {self.name!r}: ranks {bad} are not removed (removed: {sorted(self._removed)})"
             )
-        deadline = time.monotonic() + (self.launch_timeout if timeout is None else timeout)
+        deadline = Deadline.after(self.launch_timeout if timeout is None else timeout)
         self._removed.difference_update(chosen)  # running again: the address reaches them too
         try:
             self._start_again(chosen, deadline, "adding (constructor)")
@@ -548,35 +549,35 @@ class WorkerGroup:
     def removed_ranks(self) -> list[int]:
         return sorted(self._removed)
 
-    def _start_again(self, ranks: list[int], deadline: float, action: str) -> None:
+    def _start_again(self, ranks: list[int], deadline: Deadline, action: str) -> None:
         """New processes for ``ranks`` (their next incarnation, in their own bundles), ready and
         told the rendezvous address: what ``replace`` and ``add`` both do once the old is gone."""
         for rank in ranks:
             self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
             self.actors[rank] = self._spawn(rank, self._incarnations[rank])
         ready = self.call(HostMethods.rlinfra_ready, ranks, action=action)
-        infos = ready.wait(timeout=remaining(deadline), stuck_after=None)
+        infos = ready.wait(timeout=deadline.left(), stuck_after=None)
         for rank, info in zip(ranks, infos, strict=True):
             self.worker_info[rank] = info
-            self._publish_master(rank, remaining(deadline))
+            self._publish_master(rank, deadline.left())
 
-    def _retire(self, rank: int, deadline: float) -> None:
+    def _retire(self, rank: int, deadline: Deadline) -> None:
         """Kill the rank's actor and wait until Ray has let go of it (its name is free again)."""
         old, name = self.actors[rank], f"{self.name}:{rank}"
         with contextlib.suppress(Exception):
             ray.kill(old, no_restart=True)
         death = old.rlinfra_heartbeat_age.remote()  # fails once the actor is dead: the event to wait on
-        ray.wait([death], timeout=remaining(deadline))
-        while True:  # the name is released as the actor's death is recorded, a moment after
+        ray.wait([death], timeout=deadline.left())
+
+        def released() -> bool | None:  # the name is freed as the actor's death is recorded, a moment after
             try:
                 ray.get_actor(name)
             except ValueError:
-                return
-            if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"worker group {self.name!r}: Ray still holds actor {name!r} after it was killed"
-                )
-            time.sleep(NAME_RELEASE_POLL_S)
+                return True
+            return None
+
+        message = f"worker group {self.name!r}: Ray still holds actor {name!r} after it was killed"
+        poll(released, deadline, lambda: ClusterError(message), every_s=NAME_RELEASE_POLL_S)
 
     def _publish_master(self, rank: int, timeout: float) -> None:
         """A replaced rank 0 binds the rendezvous port again for everyone; another replaced rank
@@ -684,18 +685,15 @@ class GroupMethod:
         return group._call(method, refs, self._ranks, gather=gather, name=f"{group.name}/{role}")
 
 
-def _progress_until_ready(refs: list[Any], timeout: float, name: str) -> None:
+def _progress_until_ready(refs: list[Any], deadline: Deadline, name: str) -> None:
     """A progress bar while a large group starts (returns at the deadline or when all are done)."""
     from rich.progress import Progress
 
-    deadline = time.monotonic() + timeout
     pending = list(refs)
     with Progress(transient=True) as progress:
         task = progress.add_task(f"launching {name}", total=len(refs))
-        while pending and time.monotonic() < deadline:
-            _, pending = ray.wait(
-                pending, num_returns=len(pending), timeout=min(0.5, deadline - time.monotonic())
-            )
+        while pending and not deadline.expired:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.5, deadline.left()))
             progress.update(task, completed=len(refs) - len(pending))
 
 

@@ -12,12 +12,12 @@ in seconds, while its peers are still blocked in the store.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rlinfra.runtime.calls import GroupCall, remaining, wait_all
+from rlinfra.runtime.calls import GroupCall, wait_all
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.hosting import HostMethods
 from rlinfra.runtime.process_groups import DEFAULT_TIMEOUT_S
@@ -40,19 +40,19 @@ def bring_up(group: WorkerGroup, backend: str | None = None, timeout_s: float = 
     After a failure, ``bring_up`` may be called again once the others have timed out, or the group
     shut down.
     """
-    deadline = time.monotonic() + timeout_s + DRIVER_MARGIN_S
-    group.refresh_master_address(remaining(deadline))  # a fresh held port if a previous run consumed it
+    deadline = Deadline.after(timeout_s + DRIVER_MARGIN_S)
+    group.refresh_master_address(deadline.left())  # a fresh held port if a previous run consumed it
     init, action = HostMethods.rlinfra_init_distributed, "joining the process group"
-    group.call(init, args=(backend, timeout_s), action=action).wait(remaining(deadline))
+    group.call(init, args=(backend, timeout_s), action=action).wait(deadline.left())
 
 
 def tear_down(group: WorkerGroup, timeout_s: float = 30.0) -> None:
     """Destroy every rank's default process group; rank 0 then holds a fresh ``MASTER_PORT`` again,
     so the group is as ``launch`` left it."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline.after(timeout_s)
     destroy, action = HostMethods.rlinfra_destroy_distributed, "destroying the process group"
-    group.call(destroy, action=action).wait(remaining(deadline))
-    group.refresh_master_address(remaining(deadline))
+    group.call(destroy, action=action).wait(deadline.left())
+    group.refresh_master_address(deadline.left())
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NamedTuple, cast
 
+import numpy as np
 import ray
 
 from rlinfra.placement.record import Placement
-from rlinfra.runtime.calls import GroupCall, remaining
+from rlinfra.runtime.calls import GroupCall
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import ROLE_CALL, CallGuard, WorkerGroup
 from rlinfra.runtime.progress import WATCH_GROUP
@@ -356,21 +358,6 @@ def devices_of(placement: Placement) -> frozenset[Device]:
 
 
 @dataclass(frozen=True)
-class Deadline:
-    """When a switch must be done (``time.monotonic()``), and the seconds it was given."""
-
-    at: float
-    limit_s: float
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds, seconds)
-
-    def left(self) -> float:
-        return remaining(self.at)
-
-
-@dataclass(frozen=True)
 class Phase:
     """One hook call, in ``TimeSharing.phases`` order: the component, ``sleep`` or ``wake``, and
     the longest time a rank's hook took by the worker's own clock."""
@@ -532,7 +519,7 @@ class TimeSharing:
             values = [getattr(switch, field) for switch in self.switches]
             stem = field.removesuffix("_s")
             figures[f"{stem}_p50_s"] = statistics.median(values) if values else 0.0
-            figures[f"{stem}_p99_s"] = percentile(values, 0.99) if values else 0.0
+            figures[f"{stem}_p99_s"] = float(np.percentile(values, 99)) if values else 0.0
             figures[f"{stem}_max_s"] = max(values, default=0.0)
         return figures
 
@@ -636,12 +623,6 @@ class TimeSharing:
         raise ComponentAsleepError(component, ranks, method, awake, nodes, state)
 
 
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile of ``values`` (``fraction`` in 0..1)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 def _by_name(groups: Mapping[str, WorkerGroup] | Iterable[WorkerGroup]) -> dict[str, WorkerGroup]:
     """The groups by component name; a mapping's keys must be the groups' names."""
     items = list(groups.items()) if isinstance(groups, Mapping) else [(g.name, g) for g in groups]
@@ -712,7 +693,6 @@ __all__ = [
     "AWAKE",
     "UNKNOWN",
     "ComponentAsleepError",
-    "Deadline",
     "Device",
     "Phase",
     "Switch",

@@ -55,6 +55,7 @@ from typing import Any
 from rlinfra.placement.config_access import to_plain
 from rlinfra.placement.env_vars import URL_WITH_PASSWORD
 from rlinfra.placement.env_vars import credential_reason as looks_like_secret
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.ledger import resource_diff
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -324,22 +325,21 @@ class JobsClient:
     def tail(self, job_id: str, write: Callable[[str], None], timeout_s: float | None = None) -> str:
         """Stream the job's logs to ``write`` until the job ends, or ``timeout_s`` passes; return
         the status then (not terminal only when time ran out)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = Deadline.after(timeout_s)  # None: follow until the job ends
         with self._calling("follow the job's logs", job_id):
             self.status(job_id)  # an unknown id fails here, clearly, not as a websocket error
             finished = asyncio.run(self._follow(job_id, write, deadline))
         if not finished:
             return self.status(job_id)
         # The log stream closes when the job ends; the status can lag it by a moment.
-        remaining = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        return self.wait(job_id, timeout_s=min(10.0, remaining))
+        return self.wait(job_id, timeout_s=min(10.0, deadline.left()))
 
     def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> str:
         """Poll until the job reaches a terminal status or ``timeout_s`` passes; the last status."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline.after(timeout_s)
         status = self.status(job_id)
-        while status not in TERMINAL_STATUSES and time.monotonic() < deadline:
-            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        while status not in TERMINAL_STATUSES and not deadline.expired:
+            time.sleep(min(poll_s, deadline.left()))
             status = self.status(job_id)
         return status
 
@@ -355,13 +355,13 @@ class JobsClient:
             jobs = [_job_info(details) for details in self._client.list_jobs()]
         return sorted(jobs, key=lambda job: (job.start_time_ms or 0, job.id))
 
-    async def _follow(self, job_id: str, write: Callable[[str], None], deadline: float | None) -> bool:
+    async def _follow(self, job_id: str, write: Callable[[str], None], deadline: Deadline) -> bool:
         stream = self._client.tail_job_logs(job_id)
         try:
             while True:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                left = None if deadline.limit_s == math.inf else deadline.left()
                 try:
-                    chunk = await asyncio.wait_for(stream.__anext__(), remaining)
+                    chunk = await asyncio.wait_for(stream.__anext__(), left)
                 except StopAsyncIteration:
                     return True
                 except asyncio.TimeoutError:

@@ -1,11 +1,14 @@
 """Ray-free pieces of the runtime: bundle plans, the resource ledger, split/gather, messages."""
 
+import time
+
 import numpy as np
 import pytest
 
 from rlinfra.placement import ClusterSpec, ComponentPlacement
 from rlinfra.runtime.bundles import MIN_BUNDLE_CPU, plan_layout, reservable
 from rlinfra.runtime.calls import concat_chunks, split_batch
+from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.runtime.errors import RankFailure, WorkerGroupError
 from rlinfra.runtime.ledger import resource_diff
 
@@ -146,3 +149,19 @@ def test_worker_group_error_message_names_group_ranks_nodes_and_keeps_results():
     assert error.results == {0: "a", 1: "b"}
     assert error.pending == [2]
     assert error.failed_ranks == [3]
+
+
+def test_one_deadline_and_poll_bound_every_wait() -> None:
+    forever = Deadline.after(None)
+    assert not forever.expired and forever.left() == float("inf")
+    soon = Deadline.after(60.0).sooner(0.05)
+    assert 0 < soon.left() <= 0.05 and soon.limit_s == 60.0
+    answers = iter([None, None, "ready"])
+    assert (
+        poll(lambda: next(answers), Deadline.after(5.0), lambda: AssertionError("late"), every_s=0.01)
+        == "ready"
+    )
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="nothing came"):
+        poll(lambda: None, Deadline.after(0.1), lambda: TimeoutError("nothing came"), every_s=0.02)
+    assert 0.1 <= time.monotonic() - started < 1.0

@@ -6,13 +6,13 @@ import builtins  # the classes here define a method named list
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
 
+from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.services.naming.lease import Lease, LeaseKeeper
 from rlinfra.services.naming.model import (
     DEFAULT_NAME,
@@ -228,23 +228,20 @@ class NamingService:
             return  # already gone
         self._destroyed = True
         ray.kill(handle, no_restart=True)
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
-        while time.monotonic() < deadline:
-            try:
-                ray.get(handle.ping.remote(), timeout=max(0.01, deadline - time.monotonic()))
-            except RayActorError:
-                break  # dead: Ray frees the name when it marks the actor dead
-            except GetTimeoutError:
-                break
-        while time.monotonic() < deadline:
+        deadline = Deadline.after(timeout_s if timeout_s is not None else self.timeout_s)
+        with contextlib.suppress(RayActorError, GetTimeoutError):  # dead: Ray frees the name then
+            while not deadline.expired:
+                ray.get(handle.ping.remote(), timeout=max(0.01, deadline.left()))
+
+        def gone() -> bool | None:
             try:
                 current = ray.get_actor(self.name, namespace=self.namespace)
             except ValueError:
-                return
-            if current != handle:  # handles compare by actor id: someone already made a new one
-                return
-            time.sleep(0.02)
-        raise NamingError(f"{self}: destroy: the service was killed but still exists after the deadline")
+                return True
+            return True if current != handle else None  # another actor of that name: made anew
+
+        message = f"{self}: destroy: the service was killed but still exists after the deadline"
+        poll(gone, deadline, lambda: NamingError(message), every_s=0.02)
 
     def __repr__(self) -> str:
         return f"naming service {self.name!r} (namespace {self.namespace!r})"

@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.services.naming.model import HISTORY_LIMIT, Change, ChangeKind, LeaseExpired
 
 logger = logging.getLogger("rlinfra.services.naming")
@@ -136,16 +137,15 @@ class NamingStore:
     ) -> tuple[int, builtins.list[Change]]:
         self._start()
         since = self._version if since_version is None else since_version
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline.after(timeout_s)
         while True:
             if since > self._version or since < self._history_floor:
                 return self._version, self._snapshot(prefix)
             changes = self._changes_since(since, prefix)
-            remaining = deadline - time.monotonic()
-            if changes or remaining <= 0:
+            if changes or deadline.expired:
                 return self._version, changes
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                await asyncio.wait_for(self._changed.wait(), deadline.left())
 
     def _expiry(self, ttl_s: float | None, lease_id: str | None) -> float | None:
         if lease_id is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
+from rlinfra.runtime.deadline import Deadline
+
 
 class WeightsPausedError(TimeoutError):
     """Generation waited longer than its deadline for a paused update to finish."""
@@ -33,18 +35,17 @@ class Gate:
 
     def enter(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) while the gate is closed, then count one call inside."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline.after(timeout_s)
         while self.paused_by is not None:
-            now = time.monotonic()
-            if now >= self.pause_until:  # the owner's lease ran out: reopen the gate
+            if time.monotonic() >= self.pause_until:  # the owner's lease ran out: reopen the gate
                 self.paused_by = None
                 self.lock.notify_all()
                 break
-            if now >= deadline:
+            if deadline.expired:
                 raise WeightsPausedError(
                     f"generation waited {timeout_s:g} s for a weight update ({self.paused_by}) to finish"
                 )
-            self.lock.wait(min(deadline, self.pause_until) - now)
+            self.lock.wait(deadline.sooner(self.pause_until - time.monotonic()).left())
         self.in_flight += 1
 
     def leave(self) -> None:
@@ -54,18 +55,17 @@ class Gate:
     def close(self, owner: str, lease_s: float, drain_timeout_s: float) -> None:
         """Close the gate for ``owner`` (until it reopens it, at most ``lease_s``) and wait for the
         calls inside to drain."""
-        deadline = time.monotonic() + drain_timeout_s
+        deadline = Deadline.after(drain_timeout_s)
         if self.paused_by is not None and time.monotonic() < self.pause_until:
             raise WeightsPauseError(f"already paused by {self.paused_by}")
         self.closed_at = time.monotonic()
         self.paused_by, self.pause_until = owner, self.closed_at + lease_s
         while self.in_flight:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline.expired:
                 raise WeightsPauseError(
                     f"{self.in_flight} generation call(s) still running after {drain_timeout_s:g} s"
                 )
-            self.lock.wait(remaining)
+            self.lock.wait(deadline.left())
 
     def open(self, owner: str) -> float:
         """Reopen the gate (only its owner may); how long it was closed, or 0 if not by ``owner``."""

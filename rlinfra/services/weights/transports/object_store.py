@@ -19,6 +19,7 @@ import numpy as np
 import ray
 import xxhash
 
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
@@ -129,12 +130,12 @@ class _OwnedPuts:
         keys = [self.keys.pop(index) for index in sorted(self.keys) if index <= through]
         if not keys or not self.usable:
             return True
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline.after(timeout_s)
         while True:
             table = _reference_table()
             if table is None or not any(key in table for key in keys):
                 return True
-            if time.monotonic() >= deadline:
+            if deadline.expired:
                 return False
             time.sleep(0.0005)
 
