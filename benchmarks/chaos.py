@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an installed package
 
 from examples.ppo_cartpole.job import run  # noqa: E402
-from examples.ppo_cartpole.state import JobResult  # noqa: E402
 from rlinfra import Cluster, ComponentPlacement  # noqa: E402
 from rlinfra.cli.config_loading import load_config  # noqa: E402
+from rlinfra.driver import RunResult  # noqa: E402
 from rlinfra.services.failure_report import REPORT_FILE  # noqa: E402
 from rlinfra.services.supervisor import Recovery  # noqa: E402
 
@@ -204,7 +204,7 @@ class Chaos:
         self._trainer_killed = self._trainer_killed or trainer
 
 
-def attempt(cfg: DictConfig, cluster: Cluster, chaos: Chaos | None) -> tuple[JobResult | None, str | None]:
+def attempt(cfg: DictConfig, cluster: Cluster, chaos: Chaos | None) -> tuple[RunResult | None, str | None]:
     """One run of the job; a failure is reported (traceback printed), not raised, so the other runs
     still happen and the JSON still comes."""
     try:
@@ -219,7 +219,7 @@ def attempt(cfg: DictConfig, cluster: Cluster, chaos: Chaos | None) -> tuple[Job
             chaos.stop()
 
 
-def summary(result: JobResult | None, error: str | None, output: Path) -> dict[str, Any]:
+def summary(result: RunResult | None, error: str | None, output: Path) -> dict[str, Any]:
     """The figures of one run, from the job's own result; for a failed run, what its failure
     report says was tried and how the batches ended."""
     if result is None:
@@ -235,11 +235,11 @@ def summary(result: JobResult | None, error: str | None, output: Path) -> dict[s
     replaced = [r for recovery in state.recoveries for r in recovery.restarts if r.outcome == "replaced"]
     ttt = state.time_to_target_s
     return {
-        "solved": result.solved,
+        "solved": result.outcome == "target",
         "time_to_target_s": round(ttt, 2) if ttt is not None else None,
         "wall_s": round(result.wall_s, 2),
         "iterations": result.iterations,
-        "env_steps": result.env_steps,
+        "env_steps": result.state.env_steps,
         "batches": result.batches,
         "recoveries": len(state.recoveries),
         "replacements": len(replaced),
@@ -248,7 +248,7 @@ def summary(result: JobResult | None, error: str | None, output: Path) -> dict[s
     }
 
 
-def recovery_times(kills: list[Kill], result: JobResult | None) -> list[dict[str, Any]]:
+def recovery_times(kills: list[Kill], result: RunResult | None) -> list[dict[str, Any]]:
     """Each kill → the end of the recovery that replaced that victim: the first replacement of the
     same component and rank started after the kill; its ``Recovery.finished_at`` is when the newcomer
     was admitted at the committed version and rewired, i.e. serving. For the trainer: the end of its

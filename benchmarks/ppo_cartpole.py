@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an installed package
 
 from benchmarks.bundled_job import run_bundled  # noqa: E402
-from examples.ppo_cartpole import reporting  # noqa: E402
 from examples.ppo_cartpole.ppo.config import PPOConfig  # noqa: E402
 from examples.ppo_cartpole.ppo.train_local import train  # noqa: E402
+from rlinfra.driver import read_metrics  # noqa: E402
 
 LAYOUTS = ("disaggregated", "colocated")
 GOAL_S = 300.0
@@ -44,7 +44,7 @@ def run_local(seed: int) -> dict[str, float]:
 
 def run_layout(name: str, seed: int, folder: Path) -> dict[str, float]:
     output, wall = run_bundled("ppo_cartpole", name, seed, folder, timeout_s=GOAL_S * 2)
-    records = reporting.read_metrics(output)
+    records = read_metrics(output)
     last = records[-1]
     solved = [r for r in records if (r["mean_return"] or 0) >= PPOConfig().target_return]
     return {

@@ -45,4 +45,13 @@ __all__ = [
     *_RUNTIME_NAMES,
 ]
 
-__getattr__ = lazy_exports(__name__, dict.fromkeys(_RUNTIME_NAMES, "rlinfra.runtime"))
+# What a worker class of a job mixes in to send or receive weight versions.
+_WEIGHT_ROLES = ("EngineReceiver", "WeightReceiver", "WeightSender", "WeightsView")
+
+__all__ += _WEIGHT_ROLES
+
+__getattr__ = lazy_exports(
+    __name__,
+    dict.fromkeys(_RUNTIME_NAMES, "rlinfra.runtime")
+    | dict.fromkeys(_WEIGHT_ROLES, "rlinfra.services.weights"),
+)

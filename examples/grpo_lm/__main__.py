@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinfra.cli import module_entry
+from rlinfra import driver
 
 HERE = Path(__file__).resolve().parent
 
 
 def compose_config(name: str, overrides: Sequence[str]) -> Any:
     """The config ``name`` from this folder with Hydra overrides applied (Hydra's full grammar)."""
-    return module_entry.compose_config(HERE, name, overrides)
+    return driver.compose_config(HERE, name, overrides)
 
 
 def _job_main() -> Callable[..., int]:
@@ -30,7 +30,7 @@ def _job_main() -> Callable[..., int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     prog = "python -m examples.grpo_lm"
-    return module_entry.run_module(HERE, prog, __doc__, _job_main, argv, "algo.updates=50")
+    return driver.run_module(HERE, prog, __doc__, _job_main, argv, "algo.updates=50")
 
 
 if __name__ == "__main__":

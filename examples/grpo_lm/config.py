@@ -3,7 +3,7 @@
 ``algo`` is ``GRPOConfig`` (every hyperparameter of the single-process GRPO, the same fields);
 ``model`` says where the start checkpoint comes from; ``engine`` what generates; ``run`` where
 outputs go and how the job runs. Each is an OmegaConf structured config parsed by
-``rlinfra.services.job_config`` (one ``JobConfigError`` per mistake, named by key); ``cluster`` is
+``rlinfra.driver`` (one ``JobConfigError`` per mistake, named by key); ``cluster`` is
 rlinfra's. Every other top-level key is refused.
 """
 
@@ -12,11 +12,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from examples.grpo_lm.lm.config import GRPOConfig
-from rlinfra.services.job_config import JobConfigError, check_sections, parse_section, require
-from rlinfra.services.weights.barrier import TRANSPORTS
+from examples.grpo_lm.lm.model import load_pretrained
+from examples.grpo_lm.lm.warmup import warm_start
+from rlinfra import driver
+from rlinfra.driver import JobConfigError, check_sections, parse_section, require
 
 COMPONENTS = ("actor", "ref", "rollout", "reward")  # ref is fused into the actor's processes
 # What only the model the job builds itself uses (with model.path they would be silently ignored).
@@ -57,17 +62,12 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """``run``: outputs, checkpoints, timeouts."""
+class RunSettings(driver.RunSettings):
+    """``run``: rlinfra's settings, with this job's defaults."""
 
     entrypoint: str = "examples.grpo_lm.job:main"  # read by ``rlinfra run``, not by the job
     output_dir: str = "outputs/grpo_lm"
-    checkpoint_every: int = 10  # iterations (updates)
-    transport: str = "object_store"  # weight-sync transport (engine receivers: object_store, broadcast)
-    call_timeout_s: float = 300.0
-    launch_timeout_s: float = 180.0
-    plot: bool = True
-    tensorboard: bool = True
+    checkpoint_every: int = 10  # updates
 
 
 @dataclass(frozen=True)
@@ -116,16 +116,7 @@ def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
                 f"({model.path}) gives the start checkpoint; remove one of them"
             )
     run = parse_section(RunSettings, cfg, "run")
-    require(run.checkpoint_every >= 1, "run.checkpoint_every", run.checkpoint_every, "at least 1")
-    require(run.transport in TRANSPORTS, "run.transport", run.transport, f"one of {TRANSPORTS}")
-    require(
-        run.transport in ENGINE_TRANSPORTS,
-        "run.transport",
-        run.transport,
-        f"one of {ENGINE_TRANSPORTS} (the engine stages a version in private host memory)",
-    )
-    for key in ("call_timeout_s", "launch_timeout_s"):
-        require(getattr(run, key) > 0, f"run.{key}", getattr(run, key), "a positive number")
+    run.check(ENGINE_TRANSPORTS, "the engine stages a version in private host memory")
     return JobConfig(str(cfg.get("name") or ""), algo, model, run, _engine(cfg))
 
 
@@ -154,6 +145,27 @@ def _engine(cfg: Mapping[str, Any]) -> EngineSettings:
 def algo_dict(job: JobConfig) -> dict[str, Any]:
     """What the workers are built from: the GRPO fields, as plain values."""
     return dataclasses.asdict(job.algo.grpo())
+
+
+def start_checkpoint(job: JobConfig, console: Console) -> str:
+    """``model.path`` checked by loading it, or the warm-up checkpoint (made once, then cached)."""
+    if job.model.path:
+        load_pretrained(job.model.path)  # ModelLoadError names the path and what is wrong
+        return str(Path(job.model.path).resolve())
+    with console.status("supervised warm-up (once; cached under algo.cache_dir)"):
+        path = warm_start(job.algo.cache_dir, job.algo.grpo(), log=lambda line: console.print(line))
+    return str(Path(path).resolve())
+
+
+def check_engine(job: JobConfig, start_path: str) -> None:
+    """The vLLM engine refuses, before Ray starts, a model it cannot serve faithfully."""
+    if job.engine.name == "vllm":
+        from rlinfra.engines.vllm import VLLMSettings, VLLMSettingsError
+
+        try:
+            VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
+        except VLLMSettingsError as error:
+            raise JobConfigError(f"engine: {error}") from None
 
 
 __all__ = [

@@ -1,142 +1,286 @@
-"""The second main job: GRPO on a small Hugging Face transformer, placed by a YAML config on Ray.
+"""The second main job: GRPO on a small Hugging Face transformer, on ``rlinfra.driver``.
 
-``main`` is what ``rlinfra run`` calls (``run.entrypoint: examples.grpo_lm.job:main``); ``run`` is
-the job's life: parse the config, make (or load) the start checkpoint, place, launch, train
-(``loop.TrainingLoop``), and release everything it started, however it ends.
+One iteration with ``algo.max_staleness: 1`` (disaggregated):
+
+    wait for batch k              G completions per prompt, each stamped with the version v that made it
+    commit v+1 if staged          pause → load into the engines' parameters → verify → resume; then
+                                  the engines' log-probs of a fixed probe batch must equal the
+                                  trainer's under v+1 (``logprob_mismatch``)
+    start batch k+1               on the newest weights; runs while the actor trains on batch k
+    score and update on batch k   the reward workers, then 2 DDP ranks with KL to the fused reference
+    prepare v+2                   staged in the engines' host memory while batch k+1 is generated
+    evaluate (every eval_every)   greedy held-out exact match on engine 0, at the version it serves
+
+With ``max_staleness: 0`` (colocated: actor and engines share devices and take turns) there is no
+overlap. Faults, checkpoints, ``--resume``, metrics and Ctrl-C are the driver's.
 
     rlinfra run examples/grpo_lm/disaggregated.yaml [algo.updates=200 ...] [--resume]
-    rlinfra run examples/grpo_lm/colocated.yaml
-
-Outputs (``run.output_dir``): ``metrics.jsonl``, TensorBoard event files (``tensorboard/``),
-``accuracy_curve.png``, ``summary.json``, ``placement.json``, ``checkpoints/`` (``--resume``
-continues from the last), and ``failure.json`` if the run failed.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
-from examples.grpo_lm.config import JobConfig, JobConfigError, parse_job_config
-from examples.grpo_lm.launch import PLACED, Components, check_shape, launch, placements
-from examples.grpo_lm.lm.model import ModelLoadError, load_pretrained
-from examples.grpo_lm.lm.warmup import warm_start
-from examples.grpo_lm.loop import DriverState, TrainingLoop
-from rlinfra import Cluster, ComponentPlacement
-from rlinfra.placement import PlacementError
-from rlinfra.runtime.errors import ClusterError, WorkerGroupError
-from rlinfra.runtime.layout import Layout
-from rlinfra.runtime.supervision import SupervisionError
-from rlinfra.runtime.timesharing import TimeSharingError
-from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
-from rlinfra.services.failure_report import FailureReport
-from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog
-from rlinfra.services.signals import CtrlC, sigint_ignored
-from rlinfra.services.supervisor import UnsupervisedLoss
-from rlinfra.services.weights import WeightSyncError
-from rlinfra.services.weights.probe import LogprobMismatchError
-
-USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
-# What ends a launched run (with a failure report), as opposed to a refused config.
-RUN_FAILURES = (WorkerGroupError, WeightSyncError, SupervisionError, UnsupervisedLoss, LogprobMismatchError)
-PLOT_FILE = "accuracy_curve.png"
-PLACEMENT_FILE = "placement.json"
-SUMMARY_FILE = "summary.json"  # the run's outcome: warm-up and held-out curve, time to target, switches
+from examples.grpo_lm.config import JobConfig, algo_dict, check_engine, parse_job_config, start_checkpoint
+from examples.grpo_lm.lm.model import ModelLoadError
+from examples.grpo_lm.lm.rollout import sample_seed
+from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
+from examples.grpo_lm.reward import RewardWorker
+from examples.grpo_lm.workers import Policy, RolloutWorker
+from rlinfra.driver import (
+    Batch,
+    Job,
+    JobConfigError,
+    LogprobProbe,
+    Run,
+    RunResult,
+    RunState,
+    job_main,
+    plot_curve,
+)
 
 
 @dataclass
-class JobResult:
-    """What a run did; the CLI prints it, the tests and the benchmark check it."""
+class GRPOState(RunState):
+    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "tokens", "curve", "warm_accuracy", "sampler_draws")
+    KEPT_ON_REWIND: ClassVar = ("training_s", "warm_accuracy")
 
-    job: JobConfig
-    state: DriverState
-    output_dir: Path
-    start_checkpoint: str = ""
-    resumed_from: int = 0
-    interrupted: bool = False
-    reached_target: bool = False
-    wall_s: float = 0.0
-    plot: Path | None = None
-    placements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    relation: str = ""  # actor-rollout: "colocated" or "disaggregated"
-    switches: dict[str, float] = field(default_factory=dict)  # colocated: the time-sharing summary
-    phases: list[tuple[str, str]] = field(default_factory=list)  # colocated: (component, sleep/wake) in order
+    tokens: int = 0  # completion tokens trained on
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (iteration, time_s, accuracy)
+    warm_accuracy: float | None = None  # held-out accuracy of the start checkpoint
+    sampler_draws: int = 0  # prompts of the batches gathered (a resumed run goes on after them)
 
-    @property
-    def iterations(self) -> int:
-        return self.state.iteration
-
-    @property
-    def warm_accuracy(self) -> float | None:
-        return self.state.warm_accuracy
+    def __post_init__(self) -> None:
+        self.curve = [(int(i), float(t), float(a)) for i, t, a in self.curve]
+        if not self.curve and self.warm_accuracy is not None:
+            self.curve = [(0, 0.0, self.warm_accuracy)]
 
     @property
     def accuracy(self) -> float | None:
-        return self.state.accuracy
+        return self.curve[-1][2] if self.curve else None
+
+
+class GRPOJob(Job):
+    title, components, unit = "GRPO", ("actor", "rollout", "reward"), "update"
+
+    def __init__(self, job: JobConfig, start_path: str) -> None:
+        self.job, self.algo, self.settings, self.start_path = job, job.algo, job.run, start_path
+        self.total, self.state = job.algo.updates, GRPOState()
+        self.overlap = job.algo.max_staleness >= 1
+        self.heldout = heldout_prompts(job.algo.eval_size)
+        self.probe: LogprobProbe | None = None
+        self.mismatch: float | None = None  # the last committed version's logprob_mismatch
 
     @property
+    def target(self) -> float | None:
+        warm = self.state.warm_accuracy
+        return None if warm is None else warm + self.algo.target_gain
+
+    def check(self, run: Run) -> None:
+        engines = run.placement.get_world_size("rollout")
+        if self.algo.prompts_per_step % engines:
+            raise JobConfigError(
+                f"algo.prompts_per_step: {self.algo.prompts_per_step} prompts cannot be split evenly over "
+                f"{engines} rollout engines; expected a multiple of {engines}"
+            )
+        colocated = run.relation("actor", "rollout") == "colocated"
+        if self.job.engine.name == "vllm" and colocated and run.cluster.config.simulate is not None:
+            raise JobConfigError(
+                "engine.name: vllm with actor and rollout colocated needs vLLM's sleep mode, which vLLM "
+                "has on GPUs only; this cluster simulates its GPUs on a CPU machine (cluster.simulate): "
+                "use a disaggregated layout (examples/grpo_lm/vllm.yaml), or engine.name: hf"
+            )
+
+    def launch(self, run: Run) -> None:
+        algo, path = algo_dict(self.job), self.start_path
+        self.reward = run.launch("reward", RewardWorker.create_group(self.algo.format_credit))
+        version = run.start_trainer(lambda: Policy.create_group(actor=(algo, path), ref=(algo, path)))
+        if self.job.engine.name == "vllm":
+            from examples.grpo_lm.vllm_rollout import VLLMRolloutWorker
+
+            engines = VLLMRolloutWorker.create_group(algo, path, self.job.engine.vllm_settings())
+        else:
+            engines = RolloutWorker.create_group(algo, path)
+        self.rollout = run.launch("rollout", engines, max_concurrency=2)  # generate + stage
+        run.connect_weights(
+            self.rollout, lambda policy: policy.execute_on(0).weights_state().wait()[0], version
+        )
+        run.supervise([self.rollout, self.reward])
+        run.time_share([run.trainer, self.rollout, self.reward], awake="rollout")
+
+    def start(self, run: Run) -> None:
+        state = self.state
+        if state.warm_accuracy is None:
+            state.warm_accuracy = self._evaluate(run)
+            state.curve.append((0, 0.0, state.warm_accuracy))
+        if self.probe is None:  # a fixed batch, as engine 0 samples it now: real engine output
+            prompts, group = self.heldout[: self.job.engine.probe_size], self.algo.group_size
+            made = run.retried(lambda: self.rollout.execute_on(0).generate(prompts, self.algo.seed).wait()[0])
+            sequences = [(c.prompt_ids, c.completion_ids) for c in made["completions"][::group]]
+            self.probe = LogprobProbe(sequences, self.job.engine.probe_tolerance)
+        self.sampler, self.drawn = PromptSampler(self.algo.seed), state.sampler_draws
+        self.sampler.sample(self.drawn)  # the same prompt stream, after the prompts already used
+        self._generate(run)
+
+    def _generate(self, run: Run) -> None:
+        per_engine = self.algo.prompts_per_step // len(self.rollout.ranks)
+        prompts = {rank: self.sampler.sample(per_engine) for rank in self.rollout.ranks}
+        self.drawn += per_engine * len(prompts)
+        seeds = {rank: sample_seed(self.algo.seed, self.drawn * 1_000 + rank) for rank in prompts}
+        self.pending = run.generate(self.rollout, RolloutWorker.generate, lambda r, _: (prompts[r], seeds[r]))
+
+    def _evaluate(self, run: Run) -> float:
+        """Greedy held-out exact match on engine 0, at the version it serves."""
+        return float(run.retried(lambda: self.rollout.execute_on(0).evaluate(self.heldout).wait()[0])[1])
+
+    def step(self, run: Run) -> dict[str, Any]:
+        state, algo, clock = self.state, self.algo, time.perf_counter()
+        batches = run.gather(self.pending)
+        generate_s = time.perf_counter() - clock
+        state.sampler_draws += algo.prompts_per_step
+        self._commit(run)
+        last = state.iteration + 1 == algo.updates
+        if self.overlap and not last:
+            self._generate(run)  # on the newest weights, while the actor trains
+        switch_s, clock = run.turn("actor"), time.perf_counter()
+        learned = self._learn(run, batches)
+        train_s = time.perf_counter() - clock
+        switch_s += run.turn("rollout")  # (colocated: after the checkpoint, while the actor was awake)
+        if not self.overlap:
+            self._commit(run)  # into the engines, before they generate again
+        accuracy = self._evaluate(run) if state.iteration % algo.eval_every == 0 or last else None
+        run.tick()
+        if accuracy is not None:
+            state.curve.append((state.iteration, round(state.training_s, 3), accuracy))
+        if not self.overlap and not last:
+            self._generate(run)
+        tokens = sum(b.value["tokens"] for b in batches)
+        engine_s = max(b.value["seconds"] for b in batches)  # the engines generate side by side
+        pause_s = run.sync_s["pause_s"]
+        return {
+            "iteration": state.iteration,
+            "time_s": round(state.training_s, 3),
+            "accuracy": accuracy,
+            "learner_version": run.learner_version,
+            "served_version": run.served_version,
+            "generate_s": round(generate_s, 4),
+            "train_s": round(train_s, 4),
+            "tokens_per_s": round(tokens / max(engine_s, 1e-9), 1),  # the engines' own clock
+            "prepare_s": round(run.sync_s["prepare_s"], 5),
+            "pause_s": round(pause_s, 5),
+            "held_s": round(run.sync_s["held_s"], 5),
+            "pause_fraction": round(pause_s / max(train_s, 1e-9), 5),
+            "switch_s": round(switch_s, 5),
+            "logprob_mismatch": self.mismatch,
+        } | learned
+
+    def _learn(self, run: Run, batches: list[Batch]) -> dict[str, Any]:
+        """Drop batches older than ``max_staleness``, score the rest, update, stage the new version."""
+        for batch in batches:  # the engine stamps every sequence; one version per batch
+            stamped = {completion.weight_version for completion in batch.value["completions"]}
+            if stamped != {batch.value["version"]}:
+                raise RuntimeError(f"rollout:{batch.rank} returned sequences of versions {sorted(stamped)}")
+        fresh = run.fresh(batches, self.algo.max_staleness, lambda b: int(b.value["version"]))
+        oldest = min(self.state.batch_versions[-1])
+        learned: dict[str, Any] = {"batch_version": oldest, "staleness": run.learner_version - oldest}
+        if not fresh:
+            run.updated([])
+            return learned
+        completions = [c for batch in fresh for c in batch.value["completions"]]
+        rewards = run.retried(lambda: self._score(completions))
+        metrics = run.on_trainer(lambda: run.trainer.role("actor").update(completions, rewards).wait()[0])
+        self.state.tokens += sum(b.value["tokens"] for b in fresh)
+        version = int(metrics.pop("weight_version"))
+        run.stage(version)  # and the trainer's log-probs of the probe under it
+        policy, probe = run.trainer, self.probe
+        assert probe is not None
+        run.on_trainer(
+            lambda: probe.expect(version, lambda s: policy.execute_on(0).probe_logprobs(s).wait()[0])
+        )
+        run.updated([b.id for b in fresh])
+        learned["reward_mean"] = round(sum(rewards) / len(rewards), 4)
+        return learned | {key: round(value, 5) for key, value in metrics.items()}
+
+    def _score(self, completions: list[Any]) -> list[float]:
+        """The reward workers score the completions, split evenly among them."""
+        ranks = self.reward.ranks
+        shares = [completions[i :: len(ranks)] for i in range(len(ranks))]
+        scored = self.reward.call(RewardWorker.score, ranks, per_rank=[(share,) for share in shares]).wait()
+        rewards = [0.0] * len(completions)
+        for i, values in enumerate(scored):
+            rewards[i :: len(ranks)] = values
+        return rewards
+
+    def _commit(self, run: Run) -> None:
+        """The staged version into the engines, then what they compute checked against the trainer."""
+        version, probe = run.commit(), self.probe
+        if version is not None and probe is not None:
+            self.mismatch = run.retried(lambda: probe.check(version, self.rollout))
+
+    def trainer_state(self, run: Run) -> bytes:
+        return bytes(run.on_trainer(lambda: run.trainer.role("actor").checkpoint().wait()[0]))
+
+    def reached(self, record: dict[str, Any]) -> bool:
+        accuracy, target = self.state.accuracy, self.target
+        measured = record.get("accuracy") is not None and accuracy is not None and target is not None
+        return bool(self.algo.stop_at_target and measured and accuracy >= target)  # type: ignore[operator]
+
+    def line(self, record: dict[str, Any]) -> str:
+        accuracy = "" if record["accuracy"] is None else f" | held-out {record['accuracy']:.3f}"
+        return (
+            f"update {record['iteration']:4d} | reward {record.get('reward_mean', 0):.3f}{accuracy} | "
+            f"serving v{record['served_version']} | {record['tokens_per_s']:.0f} tok/s"
+        )
+
     def time_to_target_s(self) -> float | None:
         """Training seconds until held-out accuracy first reached warm-up + ``target_gain``."""
-        warm = self.state.warm_accuracy
-        if warm is None:
-            return None
-        target = warm + self.job.algo.target_gain
-        return next((t for _, t, accuracy in self.state.curve if accuracy >= target), None)
+        target = self.target
+        return None if target is None else next((t for _, t, a in self.state.curve if a >= target), None)
 
-    def summary(self) -> dict[str, Any]:
-        """What ``summary.json`` keeps (the benchmark reads it)."""
+    def outcome(self, result: RunResult) -> dict[str, Any]:
+        state = self.state
         return {
-            "iterations": self.iterations,
-            "interrupted": self.interrupted,
-            "relation": self.relation,
-            "warm_accuracy": self.warm_accuracy,
-            "accuracy": self.accuracy,
-            "target_gain": self.job.algo.target_gain,
-            "time_to_target_s": self.time_to_target_s,
-            "training_s": round(self.state.training_s, 3),
-            "wall_s": round(self.wall_s, 3),
-            "curve": [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in self.state.curve],
-            "switches": self.switches,
-            "batches": self.state.ledger.summary(),
+            "relation": result.relations.get("actor-rollout", ""),
+            "warm_accuracy": state.warm_accuracy,
+            "accuracy": state.accuracy,
+            "target_gain": self.algo.target_gain,
+            "time_to_target_s": self.time_to_target_s(),
+            "curve": [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in state.curve],
         }
 
+    def report(self, result: RunResult) -> list[str]:
+        state, reached = self.state, self.time_to_target_s()
+        head = (
+            f"interrupted after update {state.iteration}; continue with --resume"
+            if result.interrupted
+            else f"{state.iteration} updates: held-out exact match {_num(state.warm_accuracy)} (warm-up) → "
+            f"{_num(state.accuracy)}"
+        )
+        gained = f"reached after {reached:.1f} s of training" if reached is not None else "not reached"
+        return [head, f"target warm-up + {self.algo.target_gain:g}: {gained} ({result.wall_s:.1f} s wall)"]
 
-def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
-    """Run, then say what happened and where the outputs are. Returns the process exit status."""
-    console, errors = Console(), Console(stderr=True)
-    try:
-        result = run(cfg, resume=resume, console=console)
-    except (
-        JobConfigError,
-        PlacementError,
-        ClusterError,
-        FileNotFoundError,
-        CheckpointError,
-        ModelLoadError,
-        TimeSharingError,
-    ) as error:
-        errors.print(Text.assemble(("error: ", "bold red"), str(error)), highlight=False)
-        return USAGE_ERROR
-    except (
-        WorkerGroupError,
-        WeightSyncError,
-        SupervisionError,
-        UnsupervisedLoss,
-        LogprobMismatchError,
-    ) as error:
-        notes = "\n".join(getattr(error, "__notes__", []))
-        errors.print(Text.assemble(("run failed: ", "bold red"), str(error), "\n", notes), highlight=False)
-        return FAILED
-    console.print(summary(result), highlight=False)
-    return INTERRUPTED if result.interrupted else 0
+    def plot(self, records: list[dict[str, Any]], folder: Path) -> Path | None:
+        points = [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in self.state.curve]
+        xs = (("iteration", "updates"), ("time_s", "training seconds"))
+        target = (
+            (self.state.warm_accuracy or 0.0) + self.algo.target_gain,
+            f"warm-up + {self.algo.target_gain:g}",
+        )
+        title = f"GRPO on 2-digit addition: {self.job.name or folder.name}"
+        return plot_curve(points, folder / PLOT_FILE, ("accuracy", "held-out exact match"), xs, target, title)
+
+
+PLOT_FILE = "accuracy_curve.png"
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
 
 
 def run(
@@ -144,207 +288,24 @@ def run(
     *,
     resume: bool = False,
     console: Console | None = None,
-    cluster: Cluster | None = None,
+    cluster: Any = None,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
-) -> JobResult:
-    """Place, launch and train; always release what was started. ``cluster``: an existing cluster
-    to use (and leave running); ``on_iteration`` sees each metrics record as it is written.
-    Ctrl-C ends the run after cleanup with ``interrupted=True``; ``resume`` continues from the last
-    checkpoint in ``run.output_dir``."""
-    started = time.perf_counter()
-    console = console or Console()
+) -> RunResult:
+    """Make (or load) the start checkpoint, then place, launch and train (``rlinfra.driver.Run``)."""
     job = parse_job_config(cfg)
-    output = Path(job.run.output_dir)
-    store = CheckpointStore(output)
-    checkpoint = store.load_latest() if resume else None
-    if resume and checkpoint is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {output}; run once without --resume first")
-    start_path = _start_checkpoint(job, console)  # a model that cannot load fails here, before Ray
-    _check_engine(job, start_path)
-    state = DriverState.restore(checkpoint.state if checkpoint else None)
-    result = JobResult(job, state, output, start_path, resumed_from=state.iteration)
-    log = MetricsLog(output, resume=resume, tensorboard=job.run.tensorboard)
-    if checkpoint is not None:
-        log.rewind(state.iteration)  # iterations logged after the checkpoint are redone
-    own_cluster, live, sync = cluster is None, None, None
-    ctrl_c = CtrlC()
-    try:
-        cluster = cluster or Cluster(cfg["cluster"])
-        placement = ComponentPlacement(cfg, cluster)
-        check_shape(placement, job)
-        with console.status("reserving the layout"):
-            live = Components(Layout(cluster, placement, PLACED))
-        result.relation = live.layout.plan.relation("actor", "rollout")
-        _check_time_sharing(job, cluster, result.relation)
-        with console.status("starting workers"):
-            actor_bytes = checkpoint.payloads["actor"] if checkpoint else None
-            sync = launch(live, cluster, placement, job, start_path, actor_bytes)
-        result.placements = placements(placement)
-        placed = {"components": result.placements, "relations": {"actor-rollout": result.relation}}
-        (output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
-
-        def save(actor_state: bytes, driver_state: dict[str, Any]) -> None:
-            store.save(int(driver_state["iteration"]), {"actor": actor_state}, driver_state)
-
-        resumed_from = (checkpoint.payloads["actor"], checkpoint.state) if checkpoint else None
-        loop = TrainingLoop(live, sync, job, state, log, save, resumed_from)
-        with ctrl_c.watching(), _progress(console, job.algo.updates, state.iteration) as show:
-            for record in loop.iterations():
-                show(record)
-                if on_iteration is not None:
-                    on_iteration(record)
-                if ctrl_c.pressed:
-                    raise KeyboardInterrupt
-        result.reached_target = result.time_to_target_s is not None
-    except KeyboardInterrupt:
-        result.interrupted = True
-        state.ledger.dropped(state.ledger.open_ids)  # in flight at the stop: a resumed run makes its own
-    except Exception as error:
-        if live is not None and live.supervisor is not None:  # launched: the run failed, report it
-            FailureReport.of_run(error, output, live.supervisor, state.trainer_restarts, sync, state.ledger)
-        raise
-    finally:
-        with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
-            log.close()
-            if live is not None:
-                if live.turns is not None:
-                    result.switches = live.turns.summary()
-                    result.phases = [(p.component, p.action) for p in live.turns.phases]
-                live.shutdown()
-            if own_cluster and cluster is not None:
-                cluster.shutdown()
-            result.plot = _plot(job, output, state)
-            result.wall_s = time.perf_counter() - started
-            (output / SUMMARY_FILE).write_text(json.dumps(result.summary(), indent=1), encoding="utf-8")
-    return result
+    console = console or Console()
+    start_path = start_checkpoint(job, console)  # a model that cannot load fails here, before Ray
+    check_engine(job, start_path)
+    return Run(
+        GRPOJob(job, start_path),
+        cfg,
+        resume=resume,
+        cluster=cluster,
+        console=console,
+        on_iteration=on_iteration,
+    ).execute()
 
 
-def _start_checkpoint(job: JobConfig, console: Console) -> str:
-    """``model.path`` checked by loading it, or the warm-up checkpoint (made once, then cached)."""
-    if job.model.path:
-        load_pretrained(job.model.path)  # ModelLoadError names the path and what is wrong
-        return str(Path(job.model.path).resolve())
-    with console.status("supervised warm-up (once; cached under algo.cache_dir)"):
-        path = warm_start(job.algo.cache_dir, job.algo.grpo(), log=lambda line: console.print(line))
-    return str(Path(path).resolve())
-
-
-def _check_engine(job: JobConfig, start_path: str) -> None:
-    """The vLLM engine refuses, before Ray starts, a model it cannot serve faithfully."""
-    if job.engine.name != "vllm":
-        return
-    from rlinfra.engines.vllm import VLLMSettings, VLLMSettingsError
-
-    try:
-        VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
-    except VLLMSettingsError as error:
-        raise JobConfigError(f"engine: {error}") from None
-
-
-def _check_time_sharing(job: JobConfig, cluster: Cluster, relation: str) -> None:
-    """vLLM has sleep mode on GPUs only: colocated with the actor on simulated GPUs (a CPU
-    machine), the engines could never give the devices back. Refused before anything starts;
-    on a real CPU cluster the engine's own ``sleep`` refuses, naming the platform."""
-    if job.engine.name == "vllm" and relation == "colocated" and cluster.config.simulate is not None:
-        raise JobConfigError(
-            "engine.name: vllm with actor and rollout colocated needs vLLM's sleep mode, which vLLM has "
-            "on GPUs only; this cluster simulates its GPUs on a CPU machine (cluster.simulate): use a "
-            "disaggregated layout (examples/grpo_lm/vllm.yaml), or engine.name: hf"
-        )
-
-
-def _progress(console: Console, total: int, done: int) -> Any:
-    """A progress bar with the last record's accuracy, reward and weight version."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def shown() -> Any:
-        columns = (
-            TextColumn("[bold]GRPO"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"),
-        )
-        with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task("updates", total=total, completed=done, status="")
-            last: dict[str, Any] = {"accuracy": None}
-
-            def show(record: dict[str, Any]) -> None:
-                if record.get("accuracy") is not None:
-                    last["accuracy"] = record["accuracy"]
-                accuracy = "—" if last["accuracy"] is None else f"{last['accuracy']:.3f}"
-                status = (
-                    f"held-out {accuracy} | reward {record.get('reward_mean', 0):.3f} | "
-                    f"serving v{record['served_version']} | {record['tokens_per_s']:.0f} tok/s"
-                )
-                progress.update(task, completed=record["iteration"], status=status)
-
-            yield show
-
-    return shown()
-
-
-def summary(result: JobResult) -> str:
-    """What the CLI prints at the end of a run."""
-    algo, warm, accuracy = result.job.algo, result.warm_accuracy, result.accuracy
-    reached = result.time_to_target_s
-    head = (
-        f"interrupted after update {result.iterations}; continue with --resume"
-        if result.interrupted
-        else f"{result.iterations} updates: held-out exact match {_num(warm)} (warm-up) → {_num(accuracy)}"
-    )
-    lines = [
-        head,
-        f"target warm-up + {algo.target_gain:g}: "
-        + (f"reached after {reached:.1f} s of training" if reached is not None else "not reached")
-        + f" ({result.wall_s:.1f} s wall, including the warm-up check, Ray start and launch)",
-        f"metrics: {result.output_dir / METRICS_FILE}",
-    ]
-    if result.job.run.tensorboard:
-        lines.append(f"tensorboard: tensorboard --logdir {result.output_dir / TENSORBOARD_DIR}")
-    if result.plot is not None:
-        lines.append(f"accuracy curve: {result.plot}")
-    if result.switches:
-        switches, p50 = result.switches["switches"], result.switches["total_p50_s"]
-        lines.append(f"time-sharing: {switches:.0f} switches between actor and rollout, p50 {p50:.3f} s")
-    return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
-def _plot(job: JobConfig, output: Path, state: DriverState) -> Path | None:
-    """Held-out accuracy against updates and training time, with the target line."""
-    if not (job.run.plot and state.curve):
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    figure, (by_update, by_time) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    iterations, seconds, accuracy = zip(*state.curve, strict=True)
-    target = (state.warm_accuracy or 0.0) + job.algo.target_gain
-    for axes, xs, label in ((by_update, iterations, "updates"), (by_time, seconds, "training seconds")):
-        axes.plot(xs, accuracy, marker=".", linewidth=1.5)
-        axes.axhline(
-            target,
-            color="tab:green",
-            linestyle="--",
-            linewidth=1,
-            label=f"warm-up + {job.algo.target_gain:g}",
-        )
-        axes.set_xlabel(label)
-        axes.set_ylabel("held-out exact match")
-        axes.grid(alpha=0.3)
-        axes.legend(loc="lower right")
-    figure.suptitle(f"GRPO on 2-digit addition: {job.name or output.name}")
-    path = output / PLOT_FILE
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
-
-
-__all__ = ["JobResult", "main", "run"]
+def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
+    """What ``rlinfra run`` calls: run, report, the exit status."""
+    return job_main(run, cfg, resume=resume, usage_errors=(ModelLoadError,))

@@ -33,10 +33,7 @@ from examples.grpo_lm.lm.grpo import sequence_logprobs
 from examples.grpo_lm.lm.learner import Learner, frozen_copy
 from examples.grpo_lm.lm.model import load_pretrained
 from examples.grpo_lm.lm.rollout import evaluate
-from rlinfra import Worker, fuse
-from rlinfra.runtime.timesharing import TimeShared
-from rlinfra.services.weights import WeightSender
-from rlinfra.services.weights.engine import EngineReceiver
+from rlinfra import EngineReceiver, TimeShared, WeightSender, Worker, fuse
 
 
 def _device(worker: Worker) -> str:

@@ -1,7 +1,7 @@
 """The job's own config sections, parsed once into typed records before Ray starts.
 
 ``algo`` and ``run`` are OmegaConf structured configs (``PPOConfig``, ``RunSettings``) parsed by
-``rlinfra.services.job_config`` (one ``JobConfigError`` per mistake, named by key); this module
+``rlinfra.driver`` (one ``JobConfigError`` per mistake, named by key); this module
 adds the ranges a type cannot say. ``cluster`` is rlinfra's: ``Cluster`` and
 ``ComponentPlacement`` parse it. Every other top-level key is refused, with the nearest section
 named: nothing a user writes is ignored.
@@ -17,23 +17,17 @@ from typing import Any
 import gymnasium as gym
 
 from examples.ppo_cartpole.ppo.config import PPOConfig
-from rlinfra.services.job_config import JobConfigError, check_sections, parse_section, require
-from rlinfra.services.weights.barrier import TRANSPORTS
+from rlinfra import driver
+from rlinfra.driver import JobConfigError, check_sections, parse_section, require
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """The ``run`` section: where outputs go and how patient the job is."""
+class RunSettings(driver.RunSettings):
+    """The ``run`` section: rlinfra's settings and how long an env worker waits for actions."""
 
     entrypoint: str = "examples.ppo_cartpole.job:main"  # read by ``rlinfra run``, not by the job
     output_dir: str = "outputs/ppo_cartpole"
-    checkpoint_every: int = 1  # iterations; a checkpoint is ~100 kB, so every iteration is cheap
-    transport: str = "object_store"  # weight-sync transport
     request_timeout_s: float = 60.0  # an env worker's wait for one batch of actions
-    call_timeout_s: float = 300.0  # the driver's wait for a rollout or a training step
-    launch_timeout_s: float = 180.0
-    plot: bool = True
-    tensorboard: bool = True  # event files in OUTPUT/tensorboard, beside metrics.jsonl
 
 
 @dataclass(frozen=True)
@@ -69,10 +63,13 @@ def algo_config(cfg: Mapping[str, Any]) -> PPOConfig:
 def run_settings(cfg: Mapping[str, Any]) -> RunSettings:
     """``run`` as ``RunSettings``, with the ranges the job needs."""
     settings = parse_section(RunSettings, cfg, "run")
-    require(settings.checkpoint_every >= 1, "run.checkpoint_every", settings.checkpoint_every, "at least 1")
-    require(settings.transport in TRANSPORTS, "run.transport", settings.transport, f"one of {TRANSPORTS}")
-    for key in ("request_timeout_s", "call_timeout_s", "launch_timeout_s"):
-        require(getattr(settings, key) > 0, f"run.{key}", getattr(settings, key), "a positive number")
+    settings.check()
+    require(
+        settings.request_timeout_s > 0,
+        "run.request_timeout_s",
+        settings.request_timeout_s,
+        "a positive number",
+    )
     return settings
 
 

@@ -16,8 +16,7 @@ import numpy as np
 
 from examples.ppo_cartpole.ppo.buffer import PolicyOutput
 from examples.ppo_cartpole.ppo.config import PPOConfig
-from rlinfra import Worker
-from rlinfra.services.weights import WeightReceiver, WeightsView
+from rlinfra import WeightReceiver, WeightsView, Worker
 
 if TYPE_CHECKING:
     import torch

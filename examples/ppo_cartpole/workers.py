@@ -19,8 +19,7 @@ from examples.ppo_cartpole.ppo.buffer import RolloutBatch
 from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.ppo.learner import Learner
 from examples.ppo_cartpole.ppo.policy import ActorCritic
-from rlinfra import Worker
-from rlinfra.services.weights import WeightSender
+from rlinfra import WeightSender, Worker
 
 
 class ActorWorker(WeightSender, Worker):

@@ -30,6 +30,9 @@ FORMAT = "rlinfra-checkpoint/1"
 KEEP = 2  # steps kept on disk: the latest and the one before
 
 
+LEGACY_PICKLE = "checkpoint.pkl"  # what older versions of the PPO job wrote
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, of an unknown format, or its files do not match their checksums."""
 
@@ -87,7 +90,13 @@ class CheckpointStore:
                 shutil.rmtree(old, ignore_errors=True)
 
     def load_latest(self) -> Checkpoint | None:
-        """The last committed checkpoint, checked; None when there is none."""
+        """The last committed checkpoint, checked; None when there is none. A pickle that older
+        versions wrote beside it is refused, never unpickled (unpickling runs code)."""
+        legacy = self.root.parent / LEGACY_PICKLE
+        if not self.latest_path.exists() and legacy.exists():
+            raise CheckpointError(
+                f"{legacy} is a pickle from an older version, which is never loaded; start again"
+            )
         if not self.latest_path.exists():
             return None
         try:

@@ -37,6 +37,7 @@ class MetricsLog:
                 old.unlink()  # a fresh run's curves must not be drawn over the last run's
         self._file = self.path.open("a" if resume else "w", encoding="utf-8")
         last = read_metrics(folder)[-1:] if resume else []
+        self._events = len(read_events(folder)) if resume else 0
         self._board = self._open_board(purge_after=last[0].get(step_key) if last else None)
 
     def write(self, record: Mapping[str, Any]) -> None:
@@ -50,11 +51,24 @@ class MetricsLog:
                     self._board.add_scalar(key, value, global_step=step)
             self._board.flush()
 
+    def event(self, event: Mapping[str, Any]) -> None:
+        """Something that happened (a worker replaced, the trainer restarted): a line with an
+        ``event`` key in ``metrics.jsonl`` (``read_events``), and in TensorBoard a text entry and
+        the running count ``events``. Rewinding keeps events: they did happen."""
+        self._file.write(json.dumps(_finite(event)) + "\n")
+        self._file.flush()
+        self._events += 1
+        if self._board is not None:
+            step = int(event.get(self.step_key) or 0)
+            self._board.add_text("events", json.dumps(dict(event)), global_step=step)
+            self._board.add_scalar("events", self._events, global_step=step)
+            self._board.flush()
+
     def rewind(self, step: int) -> None:
         """Forget every record after ``step`` (the trainer was restarted from that checkpoint and
         redoes them): both files keep each step once."""
         self._file.close()
-        kept = [r for r in read_metrics(self.path.parent) if r[self.step_key] <= step]
+        kept = [r for r in _read_lines(self.path.parent) if "event" in r or r[self.step_key] <= step]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         self._file = self.path.open("a", encoding="utf-8")
         if self._board is not None:
@@ -82,6 +96,16 @@ class MetricsLog:
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    """Every step's record in ``folder/metrics.jsonl``, in order (events aside)."""
+    return [record for record in _read_lines(folder) if "event" not in record]
+
+
+def read_events(folder: Path) -> list[dict[str, Any]]:
+    """Every event in ``folder/metrics.jsonl`` (see ``MetricsLog.event``), in order."""
+    return [record for record in _read_lines(folder) if "event" in record]
+
+
+def _read_lines(folder: Path) -> list[dict[str, Any]]:
     path = folder / METRICS_FILE
     if not path.exists():
         return []
@@ -105,4 +129,4 @@ def _finite(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
 
 
-__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "read_metrics", "read_tensorboard"]
+__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "read_events", "read_metrics", "read_tensorboard"]

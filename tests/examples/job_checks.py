@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from rlinfra.cli.config_loading import load_config
 from rlinfra.cli.main import app
+from rlinfra.services.checkpoints import CheckpointStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "ppo_cartpole"
@@ -95,3 +96,10 @@ def assert_reward_improves(records: list[dict], window: int = 20, by: float = 0.
     assert len(rewards) >= 2 * window, f"need {2 * window} updates, got {len(rewards)}"
     first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
     assert last >= first + by, f"reward {first:.3f} over the first {window} updates, {last:.3f} over the last"
+
+
+def load_checkpoint(folder: Path) -> dict[str, Any]:
+    """``{"actor": bytes, "driver": state}`` of the last checkpoint a job saved in ``folder``."""
+    saved = CheckpointStore(folder).load_latest()
+    assert saved is not None, f"no checkpoint in {folder}"
+    return {"actor": saved.payloads["actor"], "driver": saved.state}

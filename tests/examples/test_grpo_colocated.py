@@ -47,7 +47,7 @@ def test_short_run_takes_turns_on_the_shared_devices_stays_on_policy_and_learns(
 
     assert not result.interrupted and result.iterations == updates
     assert result.placements == planned_placements("colocated", example="grpo_lm")
-    assert result.relation == "colocated"
+    assert result.relations["actor-rollout"] == "colocated"
     # The schedule: everyone asleep, the engines woken; then per update actor, then engines.
     assert result.phases[:3] == [("actor", "sleep"), ("rollout", "sleep"), ("rollout", "wake")]
     turns = result.phases[3:]

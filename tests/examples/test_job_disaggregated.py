@@ -13,8 +13,8 @@ import json
 import pytest
 import ray
 
-from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.job import run
+from rlinfra.driver import read_metrics
 from rlinfra.services.metrics import read_tensorboard
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
@@ -56,7 +56,7 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     # One committed version per iteration after the first (the first rollout runs on version 0
     # while version 1 trains), each exactly one higher: the barrier never skipped or repeated one.
     assert result.served_versions == list(range(ITERATIONS))
-    records = reporting.read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
     assert [r["learner_version"] for r in records] == list(range(1, ITERATIONS + 1))
     # Both data-parallel actor ranks held bit-identical parameters after every update.
     assert all(r["replicas_in_sync"] for r in records)
@@ -68,14 +68,14 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert all(len(set(versions)) == 1 for versions in result.batch_versions)
     assert [versions[0] for versions in result.batch_versions] == [0, *range(ITERATIONS - 1)]
     assert [r["staleness"] for r in records] == [0] + [1] * (ITERATIONS - 1)
-    assert result.dropped_batches == 0
-    assert result.mean_return > 1.3 * result.first_mean_return
-    assert result.env_steps == ITERATIONS * 16 * 128
+    assert result.state.dropped_batches == 0
+    assert result.state.mean_return > 1.3 * result.state.first_mean_return
+    assert result.state.env_steps == ITERATIONS * 16 * 128
 
-    placement_file = json.loads((tmp_path / reporting.PLACEMENT_FILE).read_text())
+    placement_file = json.loads((tmp_path / "placement.json").read_text())
     assert placement_file["relations"]["actor-rollout"] == "disaggregated"
     assert result.plot is not None and result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / reporting.CHECKPOINT_FILE).exists()
+    assert (tmp_path / "checkpoints/latest.json").exists()
     # TensorBoard event files hold every metric of every iteration, as metrics.jsonl does.
     board = read_tensorboard(tmp_path)
     assert board["learner_version"] == [(r["iteration"], r["learner_version"]) for r in records]

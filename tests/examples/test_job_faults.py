@@ -20,14 +20,14 @@ import pytest
 import ray
 import torch
 
-from examples.ppo_cartpole import reporting
 from examples.ppo_cartpole.job import run
+from rlinfra.driver import read_metrics
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import RestartBudgetExhausted
 from rlinfra.services.metrics import read_tensorboard
 from rlinfra.services.weights import WeightSyncError
-from tests.examples.job_checks import assert_resources_released, job_config, sigkill
+from tests.examples.job_checks import assert_resources_released, job_config, load_checkpoint, sigkill
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,12 +93,12 @@ def test_killed_workers_are_replaced_and_a_killed_trainer_rank_restarts_from_its
     assert restart.detail == "from the checkpoint of iteration 6" and "[1]" in restart.reason
     # Each iteration once in the record, in order: nothing repeated, nothing skipped; TensorBoard
     # shows the same (the redone iteration's first attempt was purged).
-    records = reporting.read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
     assert [r["iteration"] for r in records] == list(range(1, iterations + 1))
     board = read_tensorboard(tmp_path)
     assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
     # The trainer applied exactly one update per iteration, across the restart.
-    checkpoint = reporting.load_checkpoint(tmp_path)
+    checkpoint = load_checkpoint(tmp_path)
     actor = torch.load(io.BytesIO(checkpoint["actor"]), weights_only=True)
     assert actor["updates"] == checkpoint["driver"]["iteration"] == iterations
     # Every batch id ended once: trained, lost with its worker (and made again under a new id, or,
@@ -168,7 +168,7 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
     # Every batch id ended, those in flight at the stop too (dropped: the resumed run makes its own).
     assert stopped.batches["open"] == 0 and stopped.batches["duplicated"] == 0
     assert_resources_released()
-    assert reporting.load_checkpoint(tmp_path)["driver"]["iteration"] == 2
+    assert load_checkpoint(tmp_path)["driver"]["iteration"] == 2
 
     def swallowed_ctrl_c_at_four(record: dict) -> None:
         if record["iteration"] == 4:
@@ -180,14 +180,14 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
     cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
     resumed = run(cfg, cluster=cluster, resume=True, on_iteration=swallowed_ctrl_c_at_four)
     assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.interrupted
-    records = reporting.read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
     assert [r["iteration"] for r in records] == [1, 2, 3, 4]
     # The trainer continued from version 2 (restored), rather than starting again at 0, and both
     # rollout workers of the resumed run served it.
     assert records[-1]["learner_version"] == 4 and records[-1]["rollout_workers"] == 2
     assert resumed.served_versions[0] == 2
-    assert resumed.env_steps == 4 * 16 * 64
-    assert reporting.load_checkpoint(tmp_path)["driver"]["iteration"] == 4
+    assert resumed.state.env_steps == 4 * 16 * 64
+    assert load_checkpoint(tmp_path)["driver"]["iteration"] == 4
     assert resumed.batches["open"] == 0 and resumed.batches["trained"] == 2 * 2
     assert_resources_released()
 
@@ -232,7 +232,7 @@ def test_rollout_workers_removed_and_added_back_then_a_lost_node_leaves_its_work
     result = run(cfg, cluster=cluster, between_rollouts=scale, on_iteration=lose_node_two)
 
     assert result.iterations == iterations and not result.interrupted
-    records = reporting.read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
     workers = [r["rollout_workers"] for r in records]
     assert workers[:6] == [2, 2, 1, 1, 2, 2] and workers[-1] == 1, workers
     # Removing and adding killed nothing; the lost node is the one recovery: its rank dropped.

@@ -10,8 +10,7 @@ import pickle
 import pytest
 import torch
 
-from examples.ppo_cartpole import reporting
-from rlinfra.services.checkpoints import CheckpointError, CheckpointStore
+from rlinfra.services.checkpoints import LEGACY_PICKLE, CheckpointError, CheckpointStore
 
 
 def tensor_bytes(value: float) -> bytes:
@@ -63,6 +62,6 @@ def test_an_old_pickle_checkpoint_is_never_unpickled(tmp_path):
         def __reduce__(self):
             return (exec, ("raise SystemExit('unpickled!')",))
 
-    (tmp_path / reporting.LEGACY_PICKLE).write_bytes(pickle.dumps(Boom()))
+    (tmp_path / LEGACY_PICKLE).write_bytes(pickle.dumps(Boom()))
     with pytest.raises(CheckpointError, match="never loaded"):
-        reporting.load_checkpoint(tmp_path)
+        CheckpointStore(tmp_path).load_latest()

@@ -1,0 +1,38 @@
+"""The driver API: what a job imports to write a supervised, versioned RL loop on rlinfra.
+
+    from rlinfra.driver import Job, Run, RunSettings, RunState
+
+A job subclasses ``Job`` (its worker groups, one iteration), ``RunState`` (its counters) and, for
+settings of its own, ``RunSettings``; ``Run(job, cfg).execute()`` does the rest: placement,
+launch, supervision, weight versions, checkpoints and ``--resume``, metrics, Ctrl-C, the failure
+report. It imports Ray: a job's driver needs it anyway.
+"""
+
+from rlinfra.cli.module_entry import compose_config, run_module
+from rlinfra.driver.entry import job_main, plot_curve
+from rlinfra.driver.run import Batch, Job, Run, RunResult
+from rlinfra.driver.settings import RunSettings
+from rlinfra.driver.state import RunState
+from rlinfra.services.job_config import JobConfigError, check_sections, parse_section, require
+from rlinfra.services.metrics import read_events, read_metrics
+from rlinfra.services.weights.probe import LogprobProbe
+
+__all__ = [
+    "Batch",
+    "Job",
+    "JobConfigError",
+    "LogprobProbe",
+    "Run",
+    "RunResult",
+    "RunSettings",
+    "RunState",
+    "check_sections",
+    "compose_config",
+    "job_main",
+    "parse_section",
+    "plot_curve",
+    "read_events",
+    "read_metrics",
+    "require",
+    "run_module",
+]

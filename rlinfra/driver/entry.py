@@ -1,0 +1,107 @@
+"""A job's ``main``: run it, print how it ended, return the process's exit status; and the
+learning curve every job draws.
+
+A refused config or placement is the user's to fix (exit 2, one line naming the key); a launched
+run that failed prints what failed and where, with the failure report (exit 1); Ctrl-C ends with
+130 after cleanup, as a shell expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from rlinfra.placement import PlacementError
+from rlinfra.runtime.errors import ClusterError, WorkerGroupError
+from rlinfra.runtime.supervision import SupervisionError
+from rlinfra.runtime.timesharing import TimeSharingError
+from rlinfra.services.batches import BatchLedgerError
+from rlinfra.services.checkpoints import CheckpointError
+from rlinfra.services.job_config import JobConfigError
+from rlinfra.services.supervisor import UnsupervisedLoss
+from rlinfra.services.weights import WeightSyncError
+from rlinfra.services.weights.probe import LogprobMismatchError
+
+from .run import RunResult
+
+USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
+USAGE_ERRORS = (
+    JobConfigError,
+    PlacementError,
+    ClusterError,
+    FileNotFoundError,
+    CheckpointError,
+    TimeSharingError,
+)
+RUN_FAILURES = (
+    WorkerGroupError,
+    WeightSyncError,
+    SupervisionError,
+    UnsupervisedLoss,
+    BatchLedgerError,
+    LogprobMismatchError,
+)
+
+
+def job_main(
+    run: Callable[..., RunResult],
+    cfg: Mapping[str, Any],
+    *,
+    resume: bool = False,
+    usage_errors: tuple[type[BaseException], ...] = (),
+) -> int:
+    """``run(cfg, resume=..., console=...)``, then its report; the exit status (see the module)."""
+    console, errors = Console(), Console(stderr=True)
+    refused: tuple[type[BaseException], ...] = (*USAGE_ERRORS, *usage_errors)
+    try:
+        result = run(cfg, resume=resume, console=console)
+    except refused as error:
+        errors.print(Text.assemble(("error: ", "bold red"), str(error)), highlight=False)
+        return USAGE_ERROR
+    except RUN_FAILURES as error:
+        notes = "\n".join(getattr(error, "__notes__", []))
+        errors.print(
+            Text.assemble(("the run failed: ", "bold red"), str(error), "\n", notes), highlight=False
+        )
+        return FAILED
+    console.print(result.report(), highlight=False, soft_wrap=True)
+    return INTERRUPTED if result.interrupted else 0
+
+
+def plot_curve(
+    points: Sequence[Mapping[str, Any]],
+    path: Path,
+    y: tuple[str, str],
+    xs: Sequence[tuple[str, str]],
+    target: tuple[float, str],
+    title: str,
+) -> Path | None:
+    """``y = (key, label)`` against each ``xs`` key (one panel each), with a dashed target line
+    (``(value, label)``), as a PNG at ``path``; None when no point has a ``y``."""
+    drawn = [point for point in points if point.get(y[0]) is not None]
+    if not drawn:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a cluster or in CI
+    from matplotlib import pyplot as plt
+
+    figure, panels = plt.subplots(
+        1, len(xs), figsize=(5 * len(xs), 4), constrained_layout=True, squeeze=False
+    )
+    for axes, (key, label) in zip(panels[0], xs, strict=True):
+        axes.plot([p[key] for p in drawn], [p[y[0]] for p in drawn], marker=".", linewidth=1.5)
+        axes.axhline(target[0], color="tab:green", linestyle="--", linewidth=1, label=target[1])
+        axes.set_xlabel(label)
+        axes.set_ylabel(y[1])
+        axes.grid(alpha=0.3)
+        axes.legend(loc="lower right")
+    figure.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -1,0 +1,701 @@
+"""``Run``: a supervised, versioned RL driver loop, owned once; a ``Job`` supplies the algorithm.
+
+What a job writes (see ``Job``): which components its YAML places, how to launch its worker groups
+(``launch``), how to begin making batches (``start``) and one iteration (``step``). The rest is
+here, in this order:
+
+    parse       the cluster, the placement, the job's components checked (no Ray yet on errors)
+    reserve     one placement group for the layout, shown as tables before any worker starts
+    launch      the job's groups; the trainer with its rendezvous and checkpoint; the weight
+                barrier to the receivers; the supervisor; time-sharing when they share devices
+    iterate     ``job.step`` until the budget or ``job.reached``; each record logged (JSONL and
+                TensorBoard), shown, checkpointed every ``run.checkpoint_every``
+    ride out    a dead rollout/env/reward worker is replaced inside the calls the job makes
+                (``retried``, ``gather``, ``on_trainer``); a lost trainer rank restarts the trainer
+                group from the last checkpoint and rewinds the state, the metrics and the ledger;
+                each is a console line, a metrics event and an entry of ``summary.json``
+    end         however the run ends (budget, target, Ctrl-C/SIGTERM, failure) every batch id in
+                flight is ended, the failure (if any) reported, every worker and the placement
+                group released, ``summary.json`` written
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlinfra.placement import ComponentPlacement, PlacementError
+from rlinfra.runtime.calls import GroupCall
+from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.errors import WorkerGroupError
+from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.layout import Layout
+from rlinfra.runtime.rendezvous import bring_up
+from rlinfra.runtime.supervision import Restart, RestartBudget
+from rlinfra.runtime.timesharing import TimeSharing
+from rlinfra.services.checkpoints import CheckpointStore
+from rlinfra.services.failure_report import FailureReport
+from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, read_metrics
+from rlinfra.services.recovery import SupervisedSteps, TrainerRestarter
+from rlinfra.services.signals import CtrlC, sigint_ignored
+from rlinfra.services.supervisor import Recovery, Supervisor, UnsupervisedLoss
+from rlinfra.services.weights import WeightSync
+
+from .settings import RunSettings
+from .state import RunState
+
+PLACEMENT_FILE = "placement.json"
+SUMMARY_FILE = "summary.json"
+BUDGET, TARGET, INTERRUPTED, FAILED = "budget", "target", "interrupted", "failed"  # how a run ended
+
+
+class Job:
+    """What a job supplies to ``Run``. Set ``settings``, ``state`` and ``total`` (the iteration
+    budget) in ``__init__``; override ``launch`` and ``step``, and whichever hook you need."""
+
+    title = "RL"  # the progress bar's label
+    components: tuple[str, ...] = ()  # what the YAML must place, in the order placement.json shows
+    trainer_payload = "actor"  # the checkpoint file the trainer's state is saved as
+    unit = "iteration"  # what the job calls one iteration, in messages
+    settings: RunSettings
+    state: RunState
+    total: int
+
+    def check(self, run: Run) -> None:
+        """Refuse a shape the job cannot run (e.g. batches that do not split over the workers),
+        once the layout is reserved and before any worker starts."""
+
+    def launch(self, run: Run) -> None:
+        """Start the groups (``run.launch``, ``run.start_trainer``, ``run.connect_weights``,
+        ``run.supervise``)."""
+        raise NotImplementedError
+
+    def start(self, run: Run) -> None:
+        """Begin: issue the first batches. Called again after a trainer restart (the state is
+        rewound then; batches in flight were dropped)."""
+
+    def step(self, run: Run) -> dict[str, Any]:
+        """One iteration, ending with ``run.updated()``; returns its metrics record."""
+        raise NotImplementedError
+
+    def reached(self, record: dict[str, Any]) -> bool:
+        """Stop early: the target is reached."""
+        return False
+
+    def trainer_state(self, run: Run) -> bytes:
+        """What a checkpoint keeps of the trainer (rank 0's ``checkpoint()``)."""
+        return run.on_trainer(lambda: run.trainer.execute_on(0).checkpoint().wait()[0])
+
+    def line(self, record: dict[str, Any]) -> str | None:
+        """A console line per iteration (None: none)."""
+        return None
+
+    def status(self, record: dict[str, Any]) -> str:
+        """The progress bar's status text (on a terminal)."""
+        return ""
+
+    def outcome(self, result: RunResult) -> dict[str, Any]:
+        """The job's own entries of ``summary.json``."""
+        return {}
+
+    def report(self, result: RunResult) -> list[str]:
+        """The job's closing lines (its outcome); ``RunResult.report`` adds where the files are."""
+        return []
+
+    def plot(self, records: list[dict[str, Any]], folder: Path) -> Path | None:
+        """Draw the run's curve from every metrics record (resumed runs included), if wanted."""
+        return None
+
+
+@dataclass
+class Batch:
+    """One rank's result of a ``generate`` call, under the batch id it was made for."""
+
+    rank: int
+    id: str
+    value: Any
+
+
+@dataclass
+class Pending:
+    """Batches being made: one call, one batch id per rank; ``args(rank, batch_id)`` are a rank's."""
+
+    group: WorkerGroup
+    method: Callable[..., Any]
+    args: Callable[[int, str], tuple[Any, ...]]
+    ids: dict[int, str]
+    call: GroupCall
+
+
+@dataclass
+class RunResult:
+    """What a run did; the CLI prints ``report()``, tests and benchmarks read the rest."""
+
+    job: Job
+    output_dir: Path
+    resumed_from: int = 0  # the iteration the checkpoint was at; 0 for a fresh run
+    outcome: str = BUDGET
+    wall_s: float = 0.0  # this process: Ray start, launch, training and teardown
+    plot: Path | None = None
+    placements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    relations: dict[str, str] = field(default_factory=dict)  # "actor-rollout" → "colocated", …
+    misplaced_bundles: list[str] = field(default_factory=list)  # expected: none
+    switches: dict[str, float] = field(default_factory=dict)  # time-sharing, when colocated
+    phases: list[tuple[str, str]] = field(default_factory=list)  # (component, sleep/wake) in order
+
+    @property
+    def state(self) -> Any:
+        return self.job.state
+
+    @property
+    def iterations(self) -> int:
+        return int(self.job.state.iteration)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.outcome == INTERRUPTED
+
+    @property
+    def batches(self) -> dict[str, Any]:
+        """How every batch id of this run ended; none open, none duplicated."""
+        return self.job.state.ledger.summary()
+
+    @property
+    def served_versions(self) -> list[int]:
+        return list(self.job.state.served_versions)
+
+    @property
+    def batch_versions(self) -> list[list[int]]:
+        return list(self.job.state.batch_versions)
+
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` keeps."""
+        state = self.job.state
+        return {
+            "outcome": self.outcome,
+            "iterations": self.iterations,
+            "interrupted": self.interrupted,
+            "relations": self.relations,
+            "training_s": round(state.training_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "batches": self.batches,
+            "recoveries": state.events,
+            "switches": self.switches,
+        } | self.job.outcome(self)
+
+    def report(self) -> str:
+        """The closing lines: the job's outcome, the recoveries, where the files are."""
+        job, folder = self.job, self.output_dir
+        lines = [*job.report(self)]
+        if self.job.state.events:
+            lines.append(f"survived {len(self.job.state.events)} fault(s): see {folder / SUMMARY_FILE}")
+        lines.append(f"metrics: {folder / METRICS_FILE}")
+        if job.settings.tensorboard:
+            lines.append(f"tensorboard: tensorboard --logdir {folder / TENSORBOARD_DIR}")
+        if self.plot is not None:
+            lines.append(f"curve: {self.plot}")
+        if self.switches:
+            count, p50 = self.switches["switches"], self.switches["total_p50_s"]
+            lines.append(f"time-sharing: {count:.0f} switches, p50 {p50:.3f} s")
+        return "\n".join(lines)
+
+
+class Run:
+    """One run of ``job`` on the config ``cfg`` (its ``cluster`` section is rlinfra's).
+    ``cluster``: an existing cluster to use and leave running; ``on_iteration`` sees each record
+    as it is written; ``resume`` continues from the last checkpoint in ``run.output_dir``."""
+
+    def __init__(
+        self,
+        job: Job,
+        cfg: Mapping[str, Any],
+        *,
+        resume: bool = False,
+        cluster: Cluster | None = None,
+        console: Console | None = None,
+        on_iteration: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.job, self.cfg, self.settings, self.state = job, cfg, job.settings, job.state
+        self.console = console or Console()
+        self.on_iteration = on_iteration
+        self.output = Path(job.settings.output_dir)
+        self.store = CheckpointStore(self.output)
+        saved = self.store.load_latest() if resume else None
+        if resume and saved is None:
+            raise FileNotFoundError(
+                f"--resume: no checkpoint in {self.output / 'checkpoints'}; run once without --resume first"
+            )
+        self.trainer_checkpoint = saved.payloads[job.trainer_payload] if saved is not None else None
+        self._last_checkpoint = (self.trainer_checkpoint, saved.state) if saved is not None else None
+        if saved is not None:
+            self.state.load(saved.state)
+        self.resume = resume
+        self._given_cluster = cluster
+        self.cluster: Cluster = cluster  # type: ignore[assignment]  # set in execute before any use
+        self.placement: ComponentPlacement
+        self.layout: Layout | None = None
+        self.trainer: WorkerGroup = None  # type: ignore[assignment]  # start_trainer sets it
+        self.sync: WeightSync | None = None
+        self.supervisor: Supervisor | None = None
+        self.turns: TimeSharing | None = None
+        self.staged_version: int | None = None  # trained and staged on the receivers, not yet served
+        self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}  # the last stage and commit
+        self._groups: list[WorkerGroup] = []
+        self._in_flight: list[Pending] = []
+        self._trainer_factory: Callable[[], WorkerGroup] | None = None
+        self._trainer_backend = "gloo"
+        self._awake: str | None = None
+        self._steps: SupervisedSteps | None = None
+        self._restarter: TrainerRestarter | None = None
+        self._updated = False
+        self.log: MetricsLog | None = None
+
+    # ----------------------------------------------------------------------------- the life
+    def execute(self) -> RunResult:
+        """Place, launch, iterate; always release what was started (see the module docstring)."""
+        started = time.perf_counter()
+        job, state = self.job, self.state
+        result = RunResult(job, self.output, resumed_from=state.iteration)
+        self.log = MetricsLog(self.output, resume=self.resume, tensorboard=self.settings.tensorboard)
+        if self.resume:
+            self.log.rewind(state.iteration)  # iterations logged after the checkpoint are redone
+        try:
+            self.cluster = self._given_cluster or Cluster(self.cfg["cluster"])
+            self.placement = ComponentPlacement(self.cfg, self.cluster)
+            self._reserve(result)
+            job.check(self)
+            with self.console.status("starting workers"):
+                job.launch(self)
+            if self.supervisor is None:
+                self.supervise([])
+            self._write_placement(result)
+            result.outcome = self._iterate()
+        except KeyboardInterrupt:
+            result.outcome = INTERRUPTED
+        except Exception as error:
+            result.outcome = FAILED
+            self._end_open_batches()
+            if self.supervisor is not None:  # launched: the run failed, report it
+                restarts = state.trainer_restarts
+                FailureReport.of_run(error, self.output, self.supervisor, restarts, self.sync, state.ledger)
+            raise
+        finally:
+            with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
+                self._end_open_batches()
+                self.log.close()
+                self._release(result)
+                result.plot = job.plot(read_metrics(self.output), self.output) if self.settings.plot else None
+                result.wall_s = time.perf_counter() - started
+                (self.output / SUMMARY_FILE).write_text(
+                    json.dumps(result.summary(), indent=1), encoding="utf-8"
+                )
+        return result
+
+    def _reserve(self, result: RunResult) -> None:
+        missing = [name for name in self.job.components if name not in self.placement.components]
+        if missing:
+            raise PlacementError(
+                f"the {self.job.title} job needs components {', '.join(self.job.components)}; missing "
+                f"{', '.join(missing)}",
+                where="cluster.component_placement",
+            )
+        with self.console.status("reserving the layout"):
+            self.layout = Layout(self.cluster, self.placement, self.job.components)
+        self._show_plan()
+        pairs = zip(self.job.components, self.job.components[1:], strict=False)
+        result.relations = {f"{a}-{b}": self.layout.plan.relation(a, b) for a, b in pairs}
+
+    def _show_plan(self) -> None:
+        """The same tables, map and layout as ``rlinfra plan``, for the live cluster and the
+        placement group just reserved, before any worker starts."""
+        from rlinfra.cli.node_view import node_loads
+        from rlinfra.cli.plan_view import render_plan
+
+        assert self.layout is not None
+        cpus = [int(node.resources.get("CPU", 0)) for node in self.cluster.nodes]
+        loads = node_loads(self.layout.plan, self.cluster.spec.num_nodes, cpus)
+        render_plan(self.console, self.cluster.spec, self.placement, self.layout.plan, loads, show_all=False)
+        self.console.print()
+
+    def _write_placement(self, result: RunResult) -> None:
+        assert self.layout is not None
+        names = self.job.components
+        result.placements = {n: [p.to_dict() for p in self.placement.get_placements(n)] for n in names}
+        result.misplaced_bundles = [
+            f"{name}:{row.rank} planned on node {row.planned_node_rank}, placed on {row.node_rank}"
+            for name in names
+            for row in self.layout.bundle_report(name)
+            if not row.matches
+        ]
+        placed = {"components": result.placements, "relations": result.relations}
+        (self.output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
+
+    def _iterate(self) -> str:
+        job, state, ctrl_c = self.job, self.state, CtrlC()
+        self.state.served_versions.append(self.served_version)
+        with ctrl_c.watching(), self._display() as show:
+            job.start(self)
+            self.clock = time.perf_counter()
+            while state.iteration < job.total:
+                self._updated = False
+                try:
+                    record = job.step(self)
+                except UnsupervisedLoss as loss:  # a trainer rank: the whole group, from the checkpoint
+                    self._restart_trainer(loss)
+                    job.start(self)
+                    continue
+                if not self._updated:
+                    raise RuntimeError(f"{type(job).__name__}.step returned without run.updated()")
+                assert self.log is not None
+                self.log.write(record)
+                show(record)
+                if self.on_iteration is not None:
+                    self.on_iteration(record)
+                if ctrl_c.pressed:  # its KeyboardInterrupt was swallowed somewhere: stop here
+                    raise KeyboardInterrupt
+                if job.reached(record):
+                    return TARGET
+        return BUDGET
+
+    @contextlib.contextmanager
+    def _display(self) -> Iterator[Callable[[dict[str, Any]], None]]:
+        """A progress bar (on a terminal only: in CI the lines say it all) and the job's lines."""
+        columns = (
+            TextColumn(f"[bold]{self.job.title}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+        )
+        console = self.console
+        with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as bar:
+            task = bar.add_task("train", total=self.job.total, completed=self.state.iteration, status="")
+
+            def show(record: dict[str, Any]) -> None:
+                bar.update(task, completed=self.state.iteration, status=self.job.status(record))
+                line = self.job.line(record)
+                if line is not None:
+                    console.print(line, highlight=False, soft_wrap=True)
+
+            yield show
+
+    def _end_open_batches(self) -> None:
+        """Batches in flight when the run ends are never trained on: each id ends, as dropped."""
+        self._in_flight.clear()
+        self.state.ledger.dropped(self.state.ledger.open_ids)
+
+    def _release(self, result: RunResult) -> None:
+        if self.turns is not None:
+            result.switches = self.turns.summary()
+            result.phases = [(p.component, p.action) for p in self.turns.phases]
+            self.turns.close()
+        for group in reversed(self._groups):
+            group.shutdown()
+        if self.layout is not None:
+            self.layout.release()
+        if self._given_cluster is None and self.cluster is not None:
+            self.cluster.shutdown()
+
+    # ------------------------------------------------------------------------------ launch
+    def launch(self, name: str, group: WorkerGroup, *, max_concurrency: int = 1) -> WorkerGroup:
+        """Launch ``group`` (from ``Worker.create_group``) as component ``name`` into its slice of
+        the layout, with the run's deadlines. ``max_concurrency=2`` lets a receiver stage the next
+        weights while it serves."""
+        launched = group.launch(
+            self.cluster,
+            self.placement.get_strategy(name),
+            name=name,
+            layout=self.layout,
+            launch_timeout=self.settings.launch_timeout_s,
+            call_timeout=self.settings.call_timeout_s,
+            max_concurrency=max_concurrency,
+        )
+        self._groups.append(launched)
+        return launched
+
+    def start_trainer(
+        self, make: Callable[[], WorkerGroup], *, name: str = "actor", backend: str = "gloo"
+    ) -> int:
+        """Launch the trainer group ``make()`` as ``name``, bring up its process group and call its
+        ``setup(checkpoint, publish_above)`` (restored from the resumed checkpoint, if any); the
+        same again, into the same bundles, when it is restarted. Returns its weight version."""
+        self._trainer_factory, self._trainer_name, self._trainer_backend = make, name, backend
+        return self._start_trainer(self.trainer_checkpoint, None)[1]
+
+    def _start_trainer(self, checkpoint: bytes | None, publish_above: int | None) -> tuple[WorkerGroup, int]:
+        assert self._trainer_factory is not None
+        if self.trainer is not None:
+            self._groups.remove(self.trainer)
+        self.trainer = self.launch(self._trainer_name, self._trainer_factory())
+        bring_up(self.trainer, backend=self._trainer_backend)
+        version = int(self.trainer.setup(checkpoint, publish_above).wait()[0])
+        if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
+            self.turns.rejoin(self.trainer)
+        return self.trainer, version
+
+    def connect_weights(
+        self, receivers: WorkerGroup, first: Callable[[WorkerGroup], Any], version: int
+    ) -> None:
+        """The weight barrier from the trainer to ``receivers``: each gets ``first(trainer)`` (the
+        trainer's weights at ``version``) through its ``set_initial_weights``; every later version
+        goes through ``stage`` and ``commit``."""
+        receivers.set_initial_weights(first(self.trainer), version).wait()
+        self.sync = WeightSync(
+            self.trainer,
+            receivers,
+            transport=self.settings.transport,
+            initial_version=version,
+            step_timeout_s=self.settings.call_timeout_s,
+        )
+
+    def supervise(
+        self,
+        groups: Sequence[WorkerGroup],
+        rewire: Callable[[dict[str, list[int]]], None] | None = None,
+        shrinkable: Sequence[WorkerGroup] = (),
+    ) -> None:
+        """Replace dead workers of ``groups`` mid-run (the weight receivers re-admitted at the
+        served version, then ``rewire(replaced)``); ``shrinkable`` may go on with fewer ranks when
+        a node is lost. The trainer is watched: a lost rank restarts it from its checkpoint."""
+        watched = [self.trainer] if self.trainer is not None else []
+        self.supervisor = Supervisor(groups, self.sync, rewire, watched=watched, shrinkable=shrinkable)
+        self._steps = SupervisedSteps(self.supervisor, self.state.recoveries, after_heal=self._healed)
+        if self.trainer is not None and self.sync is not None:
+            budget = RestartBudget(self.placement.get_strategy(self._trainer_name).restart)
+            restarts = self.state.trainer_restarts
+            self._restarter = TrainerRestarter(budget, self._start_trainer, self.sync, self._steps, restarts)
+
+    def time_share(self, groups: Sequence[WorkerGroup], awake: str) -> bool:
+        """When ``groups`` share devices (the layout colocates the trainer with ``awake``), they
+        take turns: ``awake`` first, the rest asleep. Returns whether they do."""
+        if self.relation(self._trainer_name, awake) != "colocated":
+            return False
+        self.turns, self._awake = TimeSharing(list(groups), awake=awake), awake
+        return True
+
+    def relation(self, a: str, b: str) -> str:
+        """How components ``a`` and ``b`` share hardware: ``colocated``, ``disaggregated``, …"""
+        assert self.layout is not None
+        return self.layout.plan.relation(a, b)
+
+    # ------------------------------------------------------------------------- supervised calls
+    @property
+    def steps(self) -> SupervisedSteps:
+        if self._steps is None:
+            raise RuntimeError("the run is not launched")
+        return self._steps
+
+    def retried(self, step: Callable[[], Any]) -> Any:
+        """``step()``, again after the dead are replaced (generate, score, evaluate, …)."""
+        return self.steps.retried(step)
+
+    def on_trainer(self, call: Callable[[], Any]) -> Any:
+        """A trainer call, never redone; a lost trainer rank restarts the trainer (the iteration
+        is redone from the last checkpoint)."""
+        return self.steps.on_trainer(call)
+
+    def replace_dead(self) -> None:
+        """Replace whoever is gone now, if anybody (a worker found dead without a failed call)."""
+        with contextlib.suppress(_NobodyGone):
+            self.steps.heal(_NobodyGone("a worker died"))
+
+    def resize(self, group: WorkerGroup, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
+        """Elastic: remove ranks of ``group`` or add removed ones back (admitted at the served
+        version), between iterations."""
+        assert self.supervisor is not None
+        self.supervisor.resize(group, add=add, remove=remove)
+
+    def _healed(self) -> None:
+        """After every recovery: say so everywhere, and put a replaced engine back to sleep when it
+        is not its turn (time-sharing)."""
+        recovery: Recovery = self.state.recoveries[-1]
+        for restart in recovery.restarts:
+            self._event(restart, recovery.took_s, admitted_version=recovery.admitted_version)
+        for component, rank in recovery.dropped:
+            gone = Restart(component, rank, None, recovery.cause, time.time(), 0.0, "dropped", "node lost")
+            self._event(gone, recovery.took_s)
+        turns = self.turns
+        if turns is not None and self._awake is not None and turns.state(self._awake) != "awake":
+            turns.sleep(self._awake)
+
+    def _event(self, restart: Restart, served_after_s: float, **extra: Any) -> None:
+        """A survived fault: a console line, a metrics event, an entry of ``summary.json``."""
+        event = {
+            "event": restart.outcome,
+            "iteration": self.state.iteration,
+            "component": restart.component,
+            "rank": restart.rank,
+            "node": restart.node_rank,
+            "cause": restart.reason.splitlines()[0] if restart.reason else "",
+            "detail": restart.detail,
+            "served_after_s": round(served_after_s, 3),
+        } | {key: value for key, value in extra.items() if value is not None}
+        self.state.events.append(event)
+        assert self.log is not None
+        self.log.event(event)
+        where = f"node {restart.node_rank}" if restart.node_rank is not None else "its node lost"
+        self.console.print(
+            f"[yellow]recovered[/] {restart.component}:{restart.rank} on {where}: {restart.outcome} "
+            f"after {event['cause']}; serving again {served_after_s:.1f} s later",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    # ------------------------------------------------------------------------------ batches
+    def generate(
+        self,
+        group: WorkerGroup,
+        method: Callable[..., Any],
+        args: Callable[[int, str], tuple[Any, ...]],
+        ranks: Sequence[int] | None = None,
+    ) -> Pending:
+        """Every rank of ``group`` (or ``ranks``) calls ``method(*args(rank, batch_id))`` to make one
+        batch, under a batch id issued now; ``gather`` collects them."""
+        pending = self._issue(group, method, args, list(group.ranks if ranks is None else ranks))
+        self._in_flight.append(pending)
+        return pending
+
+    def _issue(self, group: WorkerGroup, method: Any, args: Any, ranks: list[int]) -> Pending:
+        ids = {rank: self.state.ledger.issue(f"{group.name}:{rank}") for rank in ranks}
+        call = group.call(method, ranks, per_rank=[args(rank, ids[rank]) for rank in ranks])
+        return Pending(group, method, args, ids, call)
+
+    def gather(self, pending: Pending) -> list[Batch]:
+        """Every rank's batch, in rank order. One cut short by a dead worker is never used: its id
+        is lost, the worker replaced, and the batch made again under a new id."""
+
+        def remake(ranks: list[int]) -> GroupCall:
+            again = self._issue(pending.group, pending.method, pending.args, ranks)
+            pending.ids.update(again.ids)
+            return again.call
+
+        ledger = self.state.ledger
+        done = self.steps.gathered(
+            pending.call, lost=lambda ranks: ledger.lost(pending.ids[r] for r in ranks), remake=remake
+        )
+        self._in_flight.remove(pending)
+        return [Batch(rank, pending.ids[rank], done[rank]) for rank in sorted(done)]
+
+    def fresh(
+        self, batches: Sequence[Batch], max_staleness: int, version: Callable[[Batch], int]
+    ) -> list[Batch]:
+        """The batches at most ``max_staleness`` versions behind the trainer; the others are
+        dropped (and counted). Each batch's ``version`` is recorded."""
+        learner = self.learner_version
+        versions = [version(b) for b in batches]
+        self.state.batch_versions.append(versions)
+        kept = [b for b, v in zip(batches, versions, strict=True) if learner - v <= max_staleness]
+        stale = [b.id for b in batches if b not in kept]
+        self.state.ledger.dropped(stale)
+        self.state.dropped_batches += len(stale)
+        return kept
+
+    def lost(self, batches: Sequence[Batch]) -> None:
+        """Batches whose maker died after making them (the trainer could not use them)."""
+        self.state.ledger.lost(b.id for b in batches)
+
+    def updated(self, batch_ids: Iterable[str]) -> None:
+        """The trainer updated on ``batch_ids`` (as it reports them): they are trained, the
+        iteration is done, and every ``run.checkpoint_every`` iterations (and at the last) the
+        trainer and the state are saved."""
+        state = self.state
+        state.ledger.trained(batch_ids, iteration=state.iteration + 1)
+        state.iteration += 1
+        self._updated = True
+        if state.iteration % self.settings.checkpoint_every == 0 or state.iteration == self.job.total:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Save the trainer's state and the driver's (atomically); a restart goes back to it."""
+        payload = self.job.trainer_state(self)
+        saved = self.state.checkpointed()
+        self._last_checkpoint = (payload, saved)
+        self.store.save(self.state.iteration, {self.job.trainer_payload: payload}, saved)
+
+    def tick(self) -> float:
+        """Training seconds so far (across resumes), counted up to now."""
+        now = time.perf_counter()
+        self.state.training_s += now - self.clock
+        self.clock = now
+        return self.state.training_s
+
+    # ------------------------------------------------------------------------------ weights
+    @property
+    def served_version(self) -> int:
+        return self.sync.version if self.sync is not None else 0
+
+    @property
+    def learner_version(self) -> int:
+        """The trainer's weight version: the one staged, if any, else the one served."""
+        return self.staged_version if self.staged_version is not None else self.served_version
+
+    def stage(self, version: int) -> None:
+        """Stage ``version`` on every receiver while they keep generating (``prepare``)."""
+        assert self.sync is not None
+        sync = self.sync
+        self.sync_s["prepare_s"] = self.retried(lambda: sync.staged_or_prepare(version)).prepare_s
+        self.staged_version = version
+
+    def commit(self) -> int | None:
+        """Pause → swap → verify → resume for the staged version, if any (staged again first if a
+        replacement dropped it), between batches. Returns the version now served, or None."""
+        version, sync = self.staged_version, self.sync
+        if version is None or sync is None:
+            return None
+        report = self.retried(lambda: sync.commit_version(version))
+        self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
+        self.state.served_versions.append(sync.version)
+        self.staged_version = None
+        return version
+
+    def turn(self, component: str) -> float:
+        """Give ``component`` the shared devices (time-sharing); the switch's seconds, else 0."""
+        turns = self.turns
+        if turns is None:
+            return 0.0
+        switch = self.retried(lambda: turns.wake(component))
+        return switch.total_s if switch is not None else 0.0
+
+    def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
+        """Bring the trainer back from the last checkpoint (or its start), serving its weights above
+        the last version; drop what was in flight (made with the lost trainer's weights); rewind
+        the state, the metrics and the ledger to that checkpoint: the iterations since are redone."""
+        if self._restarter is None:
+            raise loss
+        for pending in self._in_flight:
+            with contextlib.suppress(WorkerGroupError):
+                pending.call.wait()
+        self._in_flight.clear()
+        state = self.state
+        payload, saved = self._last_checkpoint if self._last_checkpoint is not None else (None, None)
+        back_to = int(saved["iteration"]) if saved is not None else 0
+        detail = (
+            f"from the checkpoint of {self.job.unit} {back_to}" if saved is not None else "from its start"
+        )
+        started = time.monotonic()
+        self.trainer, restart = self._restarter.restart(self.trainer, loss, payload, detail)
+        state.served_versions.append(self.served_version)
+        state.ledger.dropped(state.ledger.open_ids)
+        state.ledger.rolled_back(after_iteration=back_to)
+        state.rewind(saved)
+        assert self.log is not None
+        self.log.rewind(back_to)
+        self.staged_version = None
+        if self._awake is not None:  # the restarted trainer came back asleep
+            self.turn(self._awake)
+        self._event(restart, time.monotonic() - started, restored_iteration=back_to)
+
+
+class _NobodyGone(RuntimeError):
+    """What ``replace_dead`` hands ``Supervisor.heal``, which re-raises it when nobody died."""
+
+
+__all__ = ["BUDGET", "FAILED", "INTERRUPTED", "TARGET", "Batch", "Job", "Pending", "Run", "RunResult"]

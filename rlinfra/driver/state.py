@@ -1,0 +1,64 @@
+"""``RunState``: what a driver carries across iterations, the one place its counters live.
+
+A job subclasses it with its own fields and names in ``CHECKPOINTED`` those that a resumed run
+continues from; ``Run`` saves them with each checkpoint, loads them on ``--resume`` and rewinds
+them when the trainer is restarted from a checkpoint. The rest (the record of versions, batches
+and recoveries) is this process's, never rewound: it is what the run did.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rlinfra.runtime.supervision import Restart
+from rlinfra.services.batches import BatchLedger
+from rlinfra.services.supervisor import Recovery
+
+
+@dataclass
+class RunState:
+    """Progress (checkpointed) and the run's own record (not)."""
+
+    CHECKPOINTED: ClassVar[tuple[str, ...]] = ("iteration", "training_s")
+    KEPT_ON_REWIND: ClassVar[tuple[str, ...]] = ("training_s",)  # counts the time actually spent
+
+    iteration: int = 0  # counted across resumes
+    training_s: float = 0.0  # from the first batch to the last update, across resumes
+    served_versions: list[int] = field(default_factory=list)  # the receivers', after each sync
+    batch_versions: list[list[int]] = field(default_factory=list)  # per iteration, per batch
+    dropped_batches: int = 0  # too stale to train on
+    ledger: BatchLedger = field(default_factory=BatchLedger)  # every batch id and how it ended
+    recoveries: list[Recovery] = field(default_factory=list)  # dead workers replaced mid-run
+    trainer_restarts: list[Restart] = field(default_factory=list)  # the trainer, from its checkpoint
+    events: list[dict[str, Any]] = field(default_factory=list)  # every fault survived, as shown
+
+    def __post_init__(self) -> None:
+        """Put loaded values back into their types (JSON has lists, not tuples or deques)."""
+
+    def load(self, saved: Mapping[str, Any] | None, keep: tuple[str, ...] = ()) -> None:
+        """Take the ``CHECKPOINTED`` fields from ``saved`` (missing ones: their defaults), except
+        ``keep``."""
+        saved = saved or {}
+        for spec in dataclasses.fields(self):
+            if spec.name in self.CHECKPOINTED and spec.name not in keep:
+                if spec.name in saved:
+                    value = copy.deepcopy(saved[spec.name])
+                elif spec.default_factory is not dataclasses.MISSING:
+                    value = spec.default_factory()
+                else:
+                    value = spec.default
+                setattr(self, spec.name, value)
+        self.__post_init__()
+
+    def rewind(self, saved: Mapping[str, Any] | None) -> None:
+        """Back to a checkpoint (or to the start) after a trainer restart."""
+        self.load(saved, keep=self.KEPT_ON_REWIND)
+        del self.batch_versions[self.iteration :]
+
+    def checkpointed(self) -> dict[str, Any]:
+        """The fields a resumed run continues from, as plain copies (the state goes on)."""
+        return {name: copy.deepcopy(getattr(self, name)) for name in self.CHECKPOINTED}

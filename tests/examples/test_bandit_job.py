@@ -1,0 +1,127 @@
+"""The README's "Write your own job" example (``examples/bandit``) on the driver API, and what the
+driver promises every job: each way a run ends (target, budget, Ctrl-C, failure) ends every batch
+id and writes ``summary.json``; every survived fault (a sampler replaced, the trainer restarted)
+is a console line, a metrics event (JSONL and TensorBoard) and an entry of ``summary.json``.
+Runs are seconds long; workers are SIGKILLed for real."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+
+import pytest
+from rich.console import Console
+
+from examples.bandit.job import run
+from rlinfra.driver import read_events, read_metrics
+from rlinfra.runtime.supervision import SupervisionError
+from rlinfra.services.metrics import read_tensorboard
+from tests.examples.job_checks import assert_resources_released, job_config, sigkill
+
+pytestmark = pytest.mark.timeout(300)
+
+SHARED = ("cluster.num_nodes=2", "cluster.simulate=2x4", "run.plot=false")  # the PPO tests' Ray
+CFG = job_config("bandit", *SHARED, example="bandit")
+
+
+def bandit(tmp_path, *overrides: str):
+    return job_config("bandit", *SHARED, f"run.output_dir={tmp_path}", *overrides, example="bandit")
+
+
+def summary_of(tmp_path) -> dict:
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+def assert_every_batch_ended(summary: dict) -> None:
+    batches = summary["batches"]
+    assert batches["open"] == 0 and batches["duplicated"] == 0, batches
+    ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]
+    assert ended == batches["issued"] > 0
+
+
+def test_the_example_learns_and_stops_at_its_target(cluster, tmp_path) -> None:
+    result = run(bandit(tmp_path), cluster=cluster)
+    summary = summary_of(tmp_path)
+    assert result.outcome == summary["outcome"] == "target" and result.iterations < 200
+    assert read_metrics(tmp_path)[-1]["mean_reward"] >= 0.75
+    assert result.served_versions == list(range(len(result.served_versions)))  # one per iteration
+    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
+    assert_every_batch_ended(summary)  # the pulls in flight at the target were ended too
+    assert_resources_released()
+
+
+def test_the_budget_ends_every_batch(cluster, tmp_path) -> None:
+    result = run(bandit(tmp_path, "algo.iterations=3", "algo.target=2.0"), cluster=cluster)
+    assert result.outcome == summary_of(tmp_path)["outcome"] == "budget" and result.iterations == 3
+    assert_every_batch_ended(summary_of(tmp_path))
+    assert_resources_released()
+
+
+def test_ctrl_c_ends_every_batch_and_resume_goes_on(cluster, tmp_path) -> None:
+    def ctrl_c(record: dict) -> None:
+        if record["iteration"] == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=4")
+    stopped = run(cfg, cluster=cluster, on_iteration=ctrl_c)
+    assert stopped.interrupted and stopped.iterations == 2
+    assert summary_of(tmp_path)["outcome"] == "interrupted"
+    assert_every_batch_ended(summary_of(tmp_path))
+    resumed = run(cfg, cluster=cluster, resume=True)
+    assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.served_versions[0] == 2
+    assert_every_batch_ended(summary_of(tmp_path))
+    assert_resources_released()
+
+
+def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> None:
+    # A sampler killed while it pulls (after iteration 2) is replaced; the trainer killed after
+    # iteration 4 is restarted from its checkpoint. Each shows in all three places.
+    def kill(record: dict) -> None:
+        victim = {2: "rollout:1", 4: "actor:0"}.get(record["iteration"])
+        if victim is not None and victim not in killed:
+            sigkill(victim)
+            killed.append(victim)
+
+    killed: list[str] = []
+    screen = io.StringIO()
+    console = Console(file=screen, width=200)
+    cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=6")
+    result = run(cfg, cluster=cluster, console=console, on_iteration=kill)
+
+    assert killed == ["rollout:1", "actor:0"] and result.iterations == 6
+    shown = [line for line in screen.getvalue().splitlines() if line.startswith("recovered")]
+    assert len(shown) == 2, screen.getvalue()
+    assert shown[0].startswith("recovered rollout:1 on node 0: replaced after ")
+    assert shown[1].startswith("recovered actor:0 on node 0: restarted after ")
+    assert "serving again" in shown[0] and "serving again" in shown[1]
+    events = read_events(tmp_path)
+    assert [(e["event"], e["component"], e["rank"], e["node"]) for e in events] == [
+        ("replaced", "rollout", 1, 0),
+        ("restarted", "actor", 0, 0),
+    ]
+    assert events[0]["admitted_version"] is not None and events[1]["restored_iteration"] == 4
+    assert all(e["served_after_s"] > 0 and e["cause"] for e in events)
+    assert read_tensorboard(tmp_path)["events"][-1][1] == 2
+    summary = summary_of(tmp_path)
+    assert summary["recoveries"] == events
+    assert "survived 2 fault(s)" in result.report()
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == list(range(1, 7))  # none repeated
+    assert_every_batch_ended(summary)
+    assert_resources_released()
+
+
+def test_a_failed_run_ends_every_batch_and_reports(cluster, tmp_path) -> None:
+    def kill(record: dict) -> None:
+        if record["iteration"] == 2:
+            sigkill("rollout:0")
+
+    cfg = bandit(tmp_path, "algo.target=2.0", "cluster.component_placement.rollout.restart.max=0")
+    with pytest.raises(SupervisionError, match="rollout"):
+        run(cfg, cluster=cluster, on_iteration=kill)
+    summary = summary_of(tmp_path)
+    assert summary["outcome"] == "failed"
+    assert_every_batch_ended(summary)
+    report = json.loads((tmp_path / "failure.json").read_text())
+    assert report["details"]["batches"]["open"] == 0
+    assert_resources_released()
