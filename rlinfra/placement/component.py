@@ -7,10 +7,18 @@ constructed. Cost is linear in the number of processes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.config import ClusterConfig, ComponentConfig, cluster_section, parse_cluster_config
+from rlinfra.placement.config import (
+    ClusterConfig,
+    ComponentConfig,
+    cluster_section,
+    parse_cluster_config,
+    parse_components,
+)
 from rlinfra.placement.config_access import as_mapping
 from rlinfra.placement.constraints import Constraints, check_nodes, process_constraints
 from rlinfra.placement.env_vars import EnvVars
@@ -30,7 +38,8 @@ from rlinfra.placement.strategies import (
 class ComponentPlacement:
     """Placements of every component in ``cfg.cluster.component_placement`` on ``cluster``.
 
-    ``cluster`` is a ``ClusterSpec`` (dry run) or a live ``rlinfra.Cluster``. Components written in
+    ``cluster`` is a ``ClusterSpec`` (dry run) or a live ``rlinfra.Cluster``, whose parsed config is
+    reused when ``cfg.cluster`` is the section it was built from. Components written in
     one key (``"actor,inference": 0-7``) share one strategy object. The mapping form may also give
     ``env_vars`` (the component's environment layer, see ``rlinfra.runtime.env``),
     ``constraints`` (``rlinfra.placement.constraints``), ``num_cpus`` (CPUs per process, see
@@ -40,7 +49,7 @@ class ComponentPlacement:
 
     def __init__(self, cfg: Any, cluster: Any) -> None:
         self.cluster_spec: ClusterSpec = as_cluster_spec(cluster)
-        self.config: ClusterConfig = parse_cluster_config(self._with_num_nodes(cluster_section(cfg)))
+        self.config: ClusterConfig = self._parse(cluster_section(cfg), cluster)
         if self.config.num_nodes != self.cluster_spec.num_nodes:
             raise PlacementError(
                 f"cluster.num_nodes is {self.config.num_nodes}, but the cluster has "
@@ -67,12 +76,24 @@ class ComponentPlacement:
                     self._placements[name] = placements
                     self._entries[name] = entry
 
-    def _with_num_nodes(self, section: Any) -> Any:
-        """A section without ``num_nodes`` has the cluster's (as ``ClusterSpec.build`` reads it)."""
+    def _parse(self, section: Any, cluster: Any) -> ClusterConfig:
+        """``section`` parsed, with the cluster's node count when it gives none. A live ``Cluster``
+        has parsed its section already (``.config`` from ``.section``): when ``section`` is the same
+        that config is reused, and when only ``component_placement`` differs (a Cluster does not
+        use it, so one may serve configs that place different components) only that is parsed."""
         if isinstance(section, ClusterConfig):
             return section
         plain = as_mapping(section)
-        return {"num_nodes": self.cluster_spec.num_nodes, **plain}
+        plain.setdefault("num_nodes", self.cluster_spec.num_nodes)
+        parsed, parsed_from = getattr(cluster, "config", None), getattr(cluster, "section", None)
+        if not isinstance(parsed, ClusterConfig) or not isinstance(parsed_from, Mapping):
+            return parse_cluster_config(plain)
+        if not _identical(_without_placement(plain), _without_placement(parsed_from)):
+            return parse_cluster_config(plain)
+        placing = plain.get(_PLACEMENT_KEY)
+        if _identical(placing, parsed_from.get(_PLACEMENT_KEY)):
+            return parsed
+        return replace(parsed, components=parse_components(placing, parsed.num_nodes, _PLACEMENT_PATH))
 
     @property
     def components(self) -> list[str]:
@@ -110,10 +131,6 @@ class ComponentPlacement:
     def get_env_vars(self, name: str) -> EnvVars:
         """The component's own ``env_vars`` (its node groups' ``env_configs`` are separate)."""
         return self.get_strategy(name).env_vars
-
-    def get_constraints(self, name: str) -> Constraints:
-        """The component's own ``constraints`` (its node groups' are merged in per process)."""
-        return self.get_strategy(name).constraints
 
     def get_process_constraints(self, name: str) -> list[Constraints]:
         """Each rank's constraints: its node group's refined by the component's."""
@@ -167,3 +184,25 @@ class ComponentPlacement:
                 process_constraints(placements, strategy.constraints, groups)
             except PlacementError as error:
                 raise error.within(f"{path}.labels") from None
+
+
+_PLACEMENT_KEY = "component_placement"
+_PLACEMENT_PATH = f"cluster.{_PLACEMENT_KEY}"
+
+
+def _without_placement(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The rest of a cluster section, in key order (the parser reads its keys by name)."""
+    return {key: section[key] for key in sorted(section, key=str) if key != _PLACEMENT_KEY}
+
+
+def _identical(first: Any, second: Any) -> bool:
+    """Equal, in the same order and of the same types throughout: ``True == 1 == 1.0`` in Python
+    but not to the parser, and key order is component order, so plain equality could reuse a
+    config that differs from the one the section given parses to."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, Mapping):
+        return list(first) == list(second) and all(_identical(first[key], second[key]) for key in first)
+    if isinstance(first, (list, tuple)):
+        return len(first) == len(second) and all(map(_identical, first, second))
+    return bool(first == second)

@@ -11,6 +11,7 @@ ranks them stably, and builds a ``ClusterSpec`` from what Ray reports, so that
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -37,13 +38,16 @@ class Cluster:
     ``simulate_cpus`` (logical CPUs per simulated node), ``simulate_object_store_mib`` (each simulated
     node's object store; Ray's test clusters give 150 MiB), ``simulate_resources`` and
     ``simulate_labels`` (one mapping per simulated node: Ray custom resources and node labels,
-    to rehearse topology constraints).
+    to rehearse topology constraints). ``config`` is the parsed section, ``section`` the plain
+    mapping it was parsed from (overrides applied), so that ``ComponentPlacement`` can reuse
+    ``config`` instead of parsing the same section again.
     """
 
     def __init__(self, cluster_cfg: Any = None, **overrides: Any) -> None:
         section = as_mapping(cluster_cfg if cluster_cfg is not None else {"num_nodes": 1})
         section.update({key: value for key, value in overrides.items() if value is not None})
         self.config: ClusterConfig = parse_cluster_config(section)
+        self.section: dict[str, Any] = copy.deepcopy(section)
         self.num_nodes = self.config.num_nodes
         self._embedded: EmbeddedRay | None = None
         self._connected_here = False
