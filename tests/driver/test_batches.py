@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlinfra.services.batches import BatchLedger, BatchLedgerError
+from rlinfra.driver.batches import BatchLedger, BatchLedgerError
 
 
 def test_each_id_ends_once_and_the_summary_adds_up():

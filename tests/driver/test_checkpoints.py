@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 
-from rlinfra.services.checkpoints import LEGACY_PICKLE, CheckpointError, CheckpointStore
+from rlinfra.driver.checkpoints import LEGACY_PICKLE, CheckpointError, CheckpointStore
 
 
 def tensor_bytes(value: float) -> bytes:

@@ -34,11 +34,10 @@ from rlinfra.services.weights import WeightSender, WeightSync
 from rlinfra.services.weights.probe import LogprobMismatchError, LogprobProbe
 from tests.examples.job_checks import GRPO_START
 
-pytestmark = pytest.mark.timeout(300)
-
 CFG = {
     "cluster": {"num_nodes": 1, "simulate": "1x4", "component_placement": {"trainer": "0", "engine": "1-2"}}
 }
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
 SETTINGS = VLLMSettings(model=str(GRPO_START), dtype="float32", kv_cache_mib=32)
 PROMPTS = [
     [1, 4, 5, 13, 6, 7, 14],

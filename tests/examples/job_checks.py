@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from rlinfra.cli.config_loading import load_config
 from rlinfra.cli.main import app
-from rlinfra.services.checkpoints import CheckpointStore
+from rlinfra.driver.checkpoints import CheckpointStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "ppo_cartpole"

@@ -15,14 +15,13 @@ from rich.console import Console
 
 from examples.bandit.job import run
 from rlinfra.driver import read_events, read_metrics
+from rlinfra.driver.metrics import read_tensorboard
 from rlinfra.runtime.supervision import SupervisionError
-from rlinfra.services.metrics import read_tensorboard
 from tests.examples.job_checks import assert_resources_released, job_config, sigkill
-
-pytestmark = pytest.mark.timeout(300)
 
 SHARED = ("cluster.num_nodes=2", "cluster.simulate=2x4", "run.plot=false")  # the PPO tests' Ray
 CFG = job_config("bandit", *SHARED, example="bandit")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
 
 
 def bandit(tmp_path, *overrides: str):

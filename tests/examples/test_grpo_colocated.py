@@ -13,8 +13,8 @@ import pytest
 import ray
 
 from examples.grpo_lm.job import run
+from rlinfra.driver.metrics import read_metrics
 from rlinfra.runtime.timesharing import ComponentAsleepError
-from rlinfra.services.metrics import read_metrics
 from tests.examples.job_checks import (
     GRPO_TINY_WARMUP,
     assert_resources_released,
@@ -25,9 +25,8 @@ from tests.examples.job_checks import (
     sigkill,
 )
 
-pytestmark = pytest.mark.timeout(600)
-
 CFG = job_config("colocated", example="grpo_lm")
+pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG)]
 
 
 def test_short_run_takes_turns_on_the_shared_devices_stays_on_policy_and_learns(cluster, tmp_path) -> None:

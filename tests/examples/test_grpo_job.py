@@ -21,8 +21,8 @@ import torch
 from examples.grpo_lm import job as grpo_job
 from examples.grpo_lm.job import run
 from examples.grpo_lm.lm.model import ModelLoadError
-from rlinfra.services.checkpoints import CheckpointStore
-from rlinfra.services.metrics import read_metrics, read_tensorboard
+from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.driver.metrics import read_metrics, read_tensorboard
 from tests.examples.job_checks import (
     assert_resources_released,
     assert_reward_improves,
@@ -32,9 +32,8 @@ from tests.examples.job_checks import (
     sigkill,
 )
 
-pytestmark = pytest.mark.timeout(600)
-
 CFG = job_config("disaggregated", example="grpo_lm")
+pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG)]
 ENGINES = 2  # rollout: 2-3
 
 
@@ -149,7 +148,7 @@ def test_a_full_run_gains_the_target_over_its_start_checkpoint(cluster, tmp_path
         tmp_path, "algo.stop_at_target=true", "algo.updates=1500", "algo.eval_every=50", "algo.eval_size=500"
     )
     result = run(cfg, cluster=cluster)
-    assert result.job.time_to_target_s() is not None, result.state.curve
+    assert result.time_to_target_s is not None, result.state.curve
     assert result.state.accuracy is not None and result.state.warm_accuracy is not None
     assert result.state.accuracy >= result.state.warm_accuracy + 0.25
     assert_resources_released()

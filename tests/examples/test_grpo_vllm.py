@@ -17,8 +17,8 @@ import pytest
 import ray
 
 from examples.grpo_lm.job import run
-from rlinfra.services.job_config import JobConfigError
-from rlinfra.services.metrics import read_metrics
+from rlinfra.driver.job_config import JobConfigError
+from rlinfra.driver.metrics import read_metrics
 from rlinfra.services.weights.probe import LogprobMismatchError
 from tests.examples.job_checks import (
     assert_resources_released,
@@ -29,9 +29,8 @@ from tests.examples.job_checks import (
     sigkill,
 )
 
-pytestmark = pytest.mark.timeout(600)
-
 CFG = job_config("vllm", example="grpo_lm")
+pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG)]
 ENGINES = 2
 TEN_MINUTES_S = 600.0
 
@@ -54,7 +53,7 @@ def test_the_job_on_vllm_reaches_its_target_through_a_killed_engine(cluster, tmp
     result = run(cfg, cluster=cluster, on_iteration=kill_an_engine)
 
     assert platforms == ["cpu", "cpu"]  # the engines are rlinfra's vLLM engines, on vLLM's CPU platform
-    assert result.job.time_to_target_s() is not None
+    assert result.time_to_target_s is not None
     assert result.wall_s < TEN_MINUTES_S
     assert result.state.accuracy is not None and result.state.warm_accuracy is not None
     assert result.state.accuracy >= result.state.warm_accuracy + 0.25

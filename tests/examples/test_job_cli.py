@@ -19,7 +19,7 @@ from rlinfra.driver import read_metrics
 from tests.examples.job_checks import EXAMPLE, load_checkpoint
 from tests.processes import process_alive, process_group_alive
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.ray]  # `rlinfra run` in a subprocess
 ROOT = EXAMPLE.parents[1]
 RLINFRA = Path(sys.executable).with_name("rlinfra")
 
@@ -87,7 +87,7 @@ def test_sigterm_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) 
     assert load_checkpoint(out)["driver"]["iteration"] >= 2
     records = read_metrics(out)
     assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
-    assert f"curve: {out / 'learning_curve.png'}" in output
+    assert f"curve: {out / 'curve.png'}" in output
     assert output.index("Node × device map") < output.index("iter ")
     assert json.loads((out / "placement.json").read_text())["relations"]["actor-rollout"] == "colocated"
 

@@ -10,9 +10,8 @@ from examples.ppo_cartpole.job import run
 from rlinfra.driver import read_metrics
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
-pytestmark = pytest.mark.timeout(300)
-
 CFG = job_config("colocated")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
 ITERATIONS = 4
 
 

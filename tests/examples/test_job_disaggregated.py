@@ -15,12 +15,11 @@ import ray
 
 from examples.ppo_cartpole.job import run
 from rlinfra.driver import read_metrics
-from rlinfra.services.metrics import read_tensorboard
+from rlinfra.driver.metrics import read_tensorboard
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
-pytestmark = pytest.mark.timeout(300)
-
 CFG = job_config("disaggregated")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
 ITERATIONS = 5
 
 

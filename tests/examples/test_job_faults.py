@@ -22,14 +22,12 @@ import torch
 
 from examples.ppo_cartpole.job import run
 from rlinfra.driver import read_metrics
+from rlinfra.driver.metrics import read_tensorboard
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import RestartBudgetExhausted
-from rlinfra.services.metrics import read_tensorboard
 from rlinfra.services.weights import WeightSyncError
 from tests.examples.job_checks import assert_resources_released, job_config, load_checkpoint, sigkill
-
-pytestmark = pytest.mark.timeout(300)
 
 LAYOUT = (
     "cluster.num_nodes=3",
@@ -40,6 +38,7 @@ LAYOUT = (
     "run.plot=false",  # the learning curve is the other tests' (a second of matplotlib per run)
 )
 CFG = job_config("disaggregated", *LAYOUT)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
 
 
 def faulty(*overrides: str):
@@ -66,9 +65,9 @@ def test_killed_workers_are_replaced_and_a_killed_trainer_rank_restarts_from_its
             sigkill(victim)
             killed[record["iteration"]] = victim
 
-    def kill_env_one_after_its_rollout(rollouts) -> None:
+    def kill_env_one_after_its_rollout(run) -> None:
         # Called between collecting and training: env:1 dies owning the rollout it just made.
-        if rollouts.iteration == 3 and 3 not in killed:
+        if run.state.iteration == 3 and 3 not in killed:
             sigkill("env:1")
             killed[3] = "env:1"
 
@@ -81,7 +80,7 @@ def test_killed_workers_are_replaced_and_a_killed_trainer_rank_restarts_from_its
         cfg,
         cluster=cluster,
         on_iteration=kill_mid_collection,
-        between_rollouts=kill_env_one_after_its_rollout,
+        between_batches=kill_env_one_after_its_rollout,
     )
 
     assert result.iterations == iterations and not result.interrupted
@@ -218,18 +217,18 @@ def test_rollout_workers_removed_and_added_back_then_a_lost_node_leaves_its_work
     # on without it (a lost node's rank cannot be replaced).
     iterations = 8
 
-    def scale(rollouts) -> None:
-        if rollouts.iteration == 2:
-            rollouts.remove([1])
-        elif rollouts.iteration == 4:
-            rollouts.add([1])
+    def scale(run) -> None:
+        if run.state.iteration == 2:
+            run.resize("rollout", remove=[1])
+        elif run.state.iteration == 4:
+            run.resize("rollout", add=[1])
 
     def lose_node_two(record: dict) -> None:
         if record["iteration"] == 6:
             cluster.kill_node(2)
 
     cfg = faulty(f"algo.iterations={iterations}", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, between_rollouts=scale, on_iteration=lose_node_two)
+    result = run(cfg, cluster=cluster, between_batches=scale, on_iteration=lose_node_two)
 
     assert result.iterations == iterations and not result.interrupted
     records = read_metrics(tmp_path)

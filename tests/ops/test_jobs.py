@@ -1,4 +1,4 @@
-"""``rlinfra.services.jobs`` and ``rlinfra job``: against a real Ray head with the dashboard.
+"""``rlinfra.ops.jobs`` and ``rlinfra job``: against a real Ray head with the dashboard.
 
 One head for the whole session (``ray start --head`` takes ~5-15 s and 670 MB on these machines):
 loopback dashboard, its own temp dir and ports, token authentication on with a token of its own
@@ -27,7 +27,7 @@ import requests
 from typer.testing import CliRunner
 
 from rlinfra.cli.main import app
-from rlinfra.services.jobs import (
+from rlinfra.ops.jobs import (
     DEFAULT_ADDRESS,
     JobsClient,
     JobsError,
@@ -41,6 +41,8 @@ from tests.ports import free_ports
 from tests.processes import stop_process_group
 
 pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the `jobs` extra)")
+
+pytestmark = pytest.mark.ray_fixtures("head")  # the tests without the head start no Ray
 
 HEAD_GPUS = 2
 HEAD_CPUS = 2
@@ -81,7 +83,7 @@ def _wait_until_ready(head: Head, log: Path) -> None:
     pytest.fail(f"the Ray head did not come up within {START_TIMEOUT_S:g} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def head() -> Iterator[Head]:
     temp_dir = tempfile.mkdtemp(prefix="rlj")
     token = secrets.token_hex(32)

@@ -33,9 +33,11 @@ import pytest
 from typer.testing import CliRunner
 
 from rlinfra.cli.main import app
-from rlinfra.services.slurm import SlurmError, SlurmJob, job_from_config, node_address, render_sbatch
+from rlinfra.ops.slurm import SlurmError, SlurmJob, job_from_config, node_address, render_sbatch
 from tests import slurm_cluster
 from tests.ports import free_ports
+
+pytestmark = pytest.mark.ray_fixtures("slurm")  # rendering needs no Slurm and no Ray
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = """\
@@ -52,7 +54,7 @@ sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 WAITING_DRIVER = """\
 import sys, time
 from rlinfra import Cluster
-from rlinfra.services.signals import CtrlC
+from rlinfra.driver.signals import CtrlC
 
 cluster = Cluster({"num_nodes": 2})
 open(sys.argv[1], "w").close()
@@ -294,7 +296,7 @@ def test_the_head_address_is_never_loopback_when_another_is_known() -> None:
     assert node_address([lambda: ["10.9.9.9"], lambda: ["127.0.1.1"]]) == "10.9.9.9"
     assert node_address([lambda: [], lambda: ["127.0.1.1"]]) is None
     nodes_need_one = subprocess.run(
-        [sys.executable, "-c", "from rlinfra.services.slurm import print_node_address as p; p(['2'])"],
+        [sys.executable, "-c", "from rlinfra.ops.slurm import print_node_address as p; p(['2'])"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert nodes_need_one.returncode == 0 and not nodes_need_one.stdout.startswith("127.")

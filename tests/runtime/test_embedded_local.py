@@ -15,7 +15,7 @@ from rlinfra.runtime.discovery import RayNode
 from rlinfra.runtime.errors import ClusterError
 from tests.listeners import descendants, listeners_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.ray]
 
 USERS_TOKEN = "token-of-the-users-own-cluster"
 

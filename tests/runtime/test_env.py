@@ -26,6 +26,9 @@ from rlinfra.runtime.env import (
     driver_layer,
 )
 
+# The last test starts Ray (a worker gets the composed environment): the module is `ray`.
+pytestmark = pytest.mark.ray
+
 CFG = {
     "cluster": {
         "num_nodes": 2,

@@ -8,9 +8,8 @@ import pytest
 
 from rlinfra import ComponentPlacement, Worker, WorkerGroupError, fuse
 
-pytestmark = pytest.mark.timeout(180)
-
 CFG = {"cluster": {"num_nodes": 1, "simulate": "1x4", "component_placement": {"policy": "0-3"}}}
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster(CFG)]
 
 
 class ActorRole(Worker):

@@ -15,8 +15,6 @@ from rlinfra import Worker
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.layout import Layout
 
-pytestmark = pytest.mark.timeout(240)
-
 CFG = {
     "cluster": {
         "num_nodes": 2,
@@ -29,6 +27,7 @@ CFG = {
         "node_groups": [{"label": "train", "node_ranks": 0}, {"label": "infer", "node_ranks": 1}],
     }
 }
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG)]
 COMPONENTS = ["trainer", "generator", "inference", "env"]
 
 

@@ -32,8 +32,6 @@ from tests.processes import stop_process_group, wait_for_port
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.timeout(180)
-
 CFG = {
     "cluster": {
         "num_nodes": 2,
@@ -41,6 +39,7 @@ CFG = {
         "component_placement": {"trainer": "0-1,4-5", "rollout": "2-3,6-7"},
     }
 }
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster(CFG), pytest.mark.ray]
 
 CLIENT = """\
 import sys, ray

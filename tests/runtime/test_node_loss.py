@@ -13,9 +13,8 @@ import ray
 from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
 from rlinfra.runtime.errors import ClusterError
 
-pytestmark = pytest.mark.timeout(120)
-
 CFG = {"cluster": {"num_nodes": 3, "simulate": "3x2", "component_placement": {"trainer": "0-5"}}}
+pytestmark = [pytest.mark.timeout(120), pytest.mark.cluster(CFG)]
 
 
 class Blocker(Worker):

@@ -24,8 +24,6 @@ from rlinfra.runtime.rendezvous import bring_up, bring_up_cross, tear_down, tear
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.timeout(180)
-
 CFG = {
     "cluster": {
         "num_nodes": 2,
@@ -37,6 +35,7 @@ CFG = {
         },
     }
 }
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster(CFG)]
 WEIGHTS = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
 
 

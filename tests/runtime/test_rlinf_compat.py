@@ -23,8 +23,6 @@ import pytest
 from rlinfra import Cluster, ComponentPlacement, Worker
 from rlinfra.runtime.layout import ReservationError
 
-pytestmark = pytest.mark.timeout(240)
-
 FRANKA = {
     "type": "franka",
     "configs": [{"node_rank": 0, "robot_ip": "10.0.0.8"}, {"node_rank": 0, "robot_ip": "10.0.0.9"}],
@@ -54,6 +52,7 @@ CFG: dict[str, Any] = {
         ],
     }
 }
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG), pytest.mark.ray]
 
 
 class Probe(Worker):

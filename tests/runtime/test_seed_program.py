@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ray]
 
 # The seed's program, verbatim but for `from rlinfra import ...` (was `from rlinf.scheduler ...`).
 SEED_PROGRAM = """

@@ -12,8 +12,6 @@ import pytest
 from rlinfra import Worker, WorkerGroupError
 from rlinfra.runtime.supervision import REFUSED, REPLACED, RestartBudgetExhausted, UnreplaceableError
 
-pytestmark = pytest.mark.timeout(180)
-
 CFG = {
     "cluster": {
         "num_nodes": 3,
@@ -25,6 +23,7 @@ CFG = {
         },
     }
 }
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster(CFG)]
 
 
 class Probe(Worker):

@@ -29,8 +29,6 @@ from rlinfra.runtime.timesharing import (
     TimeSharingError,
 )
 
-pytestmark = pytest.mark.timeout(120)
-
 MIB = 2**20
 ACTOR_MIB, ROLLOUT_MIB = 200, 150  # per rank; the pair's sum (350) is 1.75x the larger
 CFG = {
@@ -44,6 +42,7 @@ CFG = {
         },
     }
 }
+pytestmark = [pytest.mark.timeout(120), pytest.mark.cluster(CFG)]
 COMPONENTS = [
     *("actor", "rollout", "reward", "flaky", "partner", "probe", "bare", "half", "fused", "mate"),
     *("again", "peer"),

@@ -19,8 +19,6 @@ import pytest
 
 from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
 
-pytestmark = pytest.mark.timeout(180)
-
 STUCK_AFTER = 2.0
 CFG: dict[str, Any] = {
     "cluster": {
@@ -29,6 +27,7 @@ CFG: dict[str, Any] = {
         "component_placement": {"probe": {"node_group": "node", "placement": "1"}},
     }
 }
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster(CFG)]
 
 
 class Blocker(Worker):

@@ -21,8 +21,6 @@ from rlinfra import ComponentPlacement, Worker, WorkerGroupError
 from rlinfra.placement import ClusterSpec
 from rlinfra.runtime.layout import ReservationError
 
-pytestmark = pytest.mark.timeout(180)
-
 ENV_NAMES = [
     "RANK",
     "WORLD_SIZE",
@@ -61,6 +59,7 @@ CFG = {
         ],
     }
 }
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster(CFG)]
 
 
 class Probe(Worker):

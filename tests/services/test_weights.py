@@ -34,8 +34,6 @@ from rlinfra.services.weights import (
 )
 from rlinfra.services.weights.buckets import bucket_arrays, checksum, copy_and_hash
 
-pytestmark = pytest.mark.timeout(240)
-
 CFG = {
     "cluster": {
         "num_nodes": 2,
@@ -43,6 +41,7 @@ CFG = {
         "component_placement": {"trainer": "0", "rollout": "1-2,4-5", "local_rollout": "1-2"},
     }
 }
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG)]
 BUCKET_BYTES = 256 * 1024
 MIB = 2**20
 OBJECT_STORES = ["object_store", "object_store_shared"]  # private copies; zero-copy, one per node

@@ -11,11 +11,10 @@ import pytest
 from rlinfra import Worker, WorkerGroupError
 from rlinfra.services.weights import WeightReceiver, WeightSender, WeightSync, WeightSyncError
 
-pytestmark = pytest.mark.timeout(240)
-
 CFG = {
     "cluster": {"num_nodes": 2, "simulate": "2x4", "component_placement": {"trainer": "0", "rollout": "1-3"}}
 }
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG)]
 TRANSPORTS = ["object_store", "object_store_shared"]
 
 

@@ -41,13 +41,13 @@ from rlinfra.services.weights.transports.cuda_ipc import CudaIpcReceiver, CudaIp
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.timeout(240)
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the cuda_ipc transport maps GPU memory: needs a CUDA GPU"
 )
 
 # One GPU, shared by the trainer and the rollout worker (0.5 each in one placement group).
 CFG = {"cluster": {"num_nodes": 1, "component_placement": {"trainer,rollout": "0"}}}
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG)]
 BUCKET_BYTES = 256 * 1024
 
 

@@ -14,11 +14,10 @@ from rlinfra import Worker, WorkerGroupError
 from rlinfra.services.weights import WeightSender, WeightSync, WeightSyncError
 from rlinfra.services.weights.engine import EngineReceiver
 
-pytestmark = pytest.mark.timeout(240)
-
 CFG = {
     "cluster": {"num_nodes": 1, "simulate": "1x4", "component_placement": {"trainer": "0", "engine": "1-3"}}
 }
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG)]
 BUCKET_BYTES = 8 * 1024
 MIB = 2**20
 
