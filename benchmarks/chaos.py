@@ -42,8 +42,8 @@ from examples.ppo_cartpole.job import run  # noqa: E402
 from rlinfra import Cluster, ComponentPlacement  # noqa: E402
 from rlinfra.cli.config_loading import load_config  # noqa: E402
 from rlinfra.driver import RunResult  # noqa: E402
-from rlinfra.services.failure_report import REPORT_FILE  # noqa: E402
-from rlinfra.services.supervisor import Recovery  # noqa: E402
+from rlinfra.driver.failure_report import REPORT_FILE  # noqa: E402
+from rlinfra.driver.supervisor import Recovery  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "ppo_cartpole"
 LAYOUTS = ("disaggregated", "colocated")
@@ -233,7 +233,7 @@ def summary(result: RunResult | None, error: str | None, output: Path) -> dict[s
         return {"solved": False, "error": error, "attempts": attempts, "batches": batches}
     state = result.state
     replaced = [r for recovery in state.recoveries for r in recovery.restarts if r.outcome == "replaced"]
-    ttt = state.time_to_target_s
+    ttt = result.time_to_target_s
     return {
         "solved": result.outcome == "target",
         "time_to_target_s": round(ttt, 2) if ttt is not None else None,

@@ -35,7 +35,8 @@ import numpy as np
 
 from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroup
 from rlinfra.runtime.layout import Layout
-from rlinfra.runtime.timesharing import TimeShared, TimeSharing, release_freed_memory
+from rlinfra.runtime.timeshared import TimeShared, release_freed_memory
+from rlinfra.runtime.timesharing import TimeSharing
 
 MIB = 2**20
 BLOCK_MIB = 16  # a large model's tensors: each above glibc's mmap threshold once it has grown

@@ -40,7 +40,7 @@ from benchmarks.grpo_lm import GOAL_S, job_config, run_layout, run_local  # noqa
 from examples.grpo_lm.lm.config import GRPOConfig  # noqa: E402
 from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
 from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
-from rlinfra.services.metrics import read_metrics  # noqa: E402
+from rlinfra.driver.metrics import read_metrics  # noqa: E402
 
 THROUGHPUT_GOAL, PAUSE_GOAL = 0.8, 0.05
 

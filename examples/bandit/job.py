@@ -82,7 +82,7 @@ class Algo:
 
 
 class Bandit(Job):
-    title, components = "bandit", ("actor", "rollout")
+    title, components, target_key = "bandit", ("actor", "rollout"), "mean_reward"
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         check_sections(cfg, ("name", "cluster", "run", "algo"))
@@ -113,10 +113,10 @@ class Bandit(Job):
         run.tick()
         run.updated(metrics["batch_ids"])
         rewards = [r for batch in batches for r in batch.value["rewards"]]
-        return {"iteration": self.state.iteration, "mean_reward": sum(rewards) / len(rewards)}
+        return {"mean_reward": sum(rewards) / len(rewards)}
 
-    def reached(self, record: dict[str, Any]) -> bool:
-        return bool(record["mean_reward"] >= self.algo.target)
+    def target(self) -> float:
+        return self.algo.target
 
     def line(self, record: dict[str, Any]) -> str:
         return f"iteration {record['iteration']:3d} | mean reward {record['mean_reward']:.3f}"

@@ -12,18 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from examples.grpo_lm.lm.config import GRPOConfig
-from examples.grpo_lm.lm.model import load_pretrained
-from examples.grpo_lm.lm.warmup import warm_start
 from rlinfra import driver
 from rlinfra.driver import JobConfigError, check_sections, parse_section, require
 
-COMPONENTS = ("actor", "ref", "rollout", "reward")  # ref is fused into the actor's processes
 # What only the model the job builds itself uses (with model.path they would be silently ignored).
 BUILT_LOCALLY = frozenset(
     {"hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"}
@@ -147,16 +141,6 @@ def algo_dict(job: JobConfig) -> dict[str, Any]:
     return dataclasses.asdict(job.algo.grpo())
 
 
-def start_checkpoint(job: JobConfig, console: Console) -> str:
-    """``model.path`` checked by loading it, or the warm-up checkpoint (made once, then cached)."""
-    if job.model.path:
-        load_pretrained(job.model.path)  # ModelLoadError names the path and what is wrong
-        return str(Path(job.model.path).resolve())
-    with console.status("supervised warm-up (once; cached under algo.cache_dir)"):
-        path = warm_start(job.algo.cache_dir, job.algo.grpo(), log=lambda line: console.print(line))
-    return str(Path(path).resolve())
-
-
 def check_engine(job: JobConfig, start_path: str) -> None:
     """The vLLM engine refuses, before Ray starts, a model it cannot serve faithfully."""
     if job.engine.name == "vllm":
@@ -166,15 +150,3 @@ def check_engine(job: JobConfig, start_path: str) -> None:
             VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
         except VLLMSettingsError as error:
             raise JobConfigError(f"engine: {error}") from None
-
-
-__all__ = [
-    "COMPONENTS",
-    "EngineSettings",
-    "JobAlgo",
-    "JobConfig",
-    "JobConfigError",
-    "ModelSettings",
-    "RunSettings",
-    "parse_job_config",
-]

@@ -20,17 +20,17 @@ overlap. Faults, checkpoints, ``--resume``, metrics and Ctrl-C are the driver's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.console import Console
 
-from examples.grpo_lm.config import JobConfig, algo_dict, check_engine, parse_job_config, start_checkpoint
+from examples.grpo_lm.config import JobConfig, algo_dict, check_engine, parse_job_config
 from examples.grpo_lm.lm.model import ModelLoadError
 from examples.grpo_lm.lm.rollout import sample_seed
 from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
+from examples.grpo_lm.lm.warmup import start_checkpoint
 from examples.grpo_lm.reward import RewardWorker
 from examples.grpo_lm.workers import Policy, RolloutWorker
 from rlinfra.driver import (
@@ -42,7 +42,6 @@ from rlinfra.driver import (
     RunResult,
     RunState,
     job_main,
-    plot_curve,
 )
 
 
@@ -67,20 +66,23 @@ class GRPOState(RunState):
 
 
 class GRPOJob(Job):
-    title, components, unit = "GRPO", ("actor", "rollout", "reward"), "update"
+    title, components, unit, target_key = "GRPO", ("actor", "rollout", "reward"), "update", "accuracy"
 
     def __init__(self, job: JobConfig, start_path: str) -> None:
         self.job, self.algo, self.settings, self.start_path = job, job.algo, job.run, start_path
-        self.total, self.state = job.algo.updates, GRPOState()
+        self.total, self.state, self.stop_at_target = job.algo.updates, GRPOState(), job.algo.stop_at_target
         self.overlap = job.algo.max_staleness >= 1
         self.heldout = heldout_prompts(job.algo.eval_size)
         self.probe: LogprobProbe | None = None
         self.mismatch: float | None = None  # the last committed version's logprob_mismatch
 
-    @property
     def target(self) -> float | None:
+        """Held-out exact match: the start checkpoint's, plus ``algo.target_gain``."""
         warm = self.state.warm_accuracy
         return None if warm is None else warm + self.algo.target_gain
+
+    def curve(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in self.state.curve]
 
     def check(self, run: Run) -> None:
         engines = run.placement.get_world_size("rollout")
@@ -162,20 +164,12 @@ class GRPOJob(Job):
             self._generate(run)
         tokens = sum(b.value["tokens"] for b in batches)
         engine_s = max(b.value["seconds"] for b in batches)  # the engines generate side by side
-        pause_s = run.sync_s["pause_s"]
         return {
-            "iteration": state.iteration,
-            "time_s": round(state.training_s, 3),
             "accuracy": accuracy,
-            "learner_version": run.learner_version,
-            "served_version": run.served_version,
             "generate_s": round(generate_s, 4),
             "train_s": round(train_s, 4),
             "tokens_per_s": round(tokens / max(engine_s, 1e-9), 1),  # the engines' own clock
-            "prepare_s": round(run.sync_s["prepare_s"], 5),
-            "pause_s": round(pause_s, 5),
-            "held_s": round(run.sync_s["held_s"], 5),
-            "pause_fraction": round(pause_s / max(train_s, 1e-9), 5),
+            "pause_fraction": round(run.sync_s["pause_s"] / max(train_s, 1e-9), 5),
             "switch_s": round(switch_s, 5),
             "logprob_mismatch": self.mismatch,
         } | learned
@@ -187,11 +181,9 @@ class GRPOJob(Job):
             if stamped != {batch.value["version"]}:
                 raise RuntimeError(f"rollout:{batch.rank} returned sequences of versions {sorted(stamped)}")
         fresh = run.fresh(batches, self.algo.max_staleness, lambda b: int(b.value["version"]))
-        oldest = min(self.state.batch_versions[-1])
-        learned: dict[str, Any] = {"batch_version": oldest, "staleness": run.learner_version - oldest}
         if not fresh:
             run.updated([])
-            return learned
+            return {}
         completions = [c for batch in fresh for c in batch.value["completions"]]
         rewards = run.retried(lambda: self._score(completions))
         metrics = run.on_trainer(lambda: run.trainer.role("actor").update(completions, rewards).wait()[0])
@@ -204,8 +196,8 @@ class GRPOJob(Job):
             lambda: probe.expect(version, lambda s: policy.execute_on(0).probe_logprobs(s).wait()[0])
         )
         run.updated([b.id for b in fresh])
-        learned["reward_mean"] = round(sum(rewards) / len(rewards), 4)
-        return learned | {key: round(value, 5) for key, value in metrics.items()}
+        learned = {key: round(value, 5) for key, value in metrics.items()}
+        return learned | {"reward_mean": round(sum(rewards) / len(rewards), 4)}
 
     def _score(self, completions: list[Any]) -> list[float]:
         """The reward workers score the completions, split evenly among them."""
@@ -226,22 +218,12 @@ class GRPOJob(Job):
     def trainer_state(self, run: Run) -> bytes:
         return bytes(run.on_trainer(lambda: run.trainer.role("actor").checkpoint().wait()[0]))
 
-    def reached(self, record: dict[str, Any]) -> bool:
-        accuracy, target = self.state.accuracy, self.target
-        measured = record.get("accuracy") is not None and accuracy is not None and target is not None
-        return bool(self.algo.stop_at_target and measured and accuracy >= target)  # type: ignore[operator]
-
     def line(self, record: dict[str, Any]) -> str:
         accuracy = "" if record["accuracy"] is None else f" | held-out {record['accuracy']:.3f}"
         return (
             f"update {record['iteration']:4d} | reward {record.get('reward_mean', 0):.3f}{accuracy} | "
             f"serving v{record['served_version']} | {record['tokens_per_s']:.0f} tok/s"
         )
-
-    def time_to_target_s(self) -> float | None:
-        """Training seconds until held-out accuracy first reached warm-up + ``target_gain``."""
-        target = self.target
-        return None if target is None else next((t for _, t, a in self.state.curve if a >= target), None)
 
     def outcome(self, result: RunResult) -> dict[str, Any]:
         state = self.state
@@ -250,60 +232,26 @@ class GRPOJob(Job):
             "warm_accuracy": state.warm_accuracy,
             "accuracy": state.accuracy,
             "target_gain": self.algo.target_gain,
-            "time_to_target_s": self.time_to_target_s(),
-            "curve": [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in state.curve],
+            "curve": self.curve([]),
         }
 
     def report(self, result: RunResult) -> list[str]:
-        state, reached = self.state, self.time_to_target_s()
-        head = (
-            f"interrupted after update {state.iteration}; continue with --resume"
-            if result.interrupted
-            else f"{state.iteration} updates: held-out exact match {_num(state.warm_accuracy)} (warm-up) → "
-            f"{_num(state.accuracy)}"
-        )
-        gained = f"reached after {reached:.1f} s of training" if reached is not None else "not reached"
-        return [head, f"target warm-up + {self.algo.target_gain:g}: {gained} ({result.wall_s:.1f} s wall)"]
-
-    def plot(self, records: list[dict[str, Any]], folder: Path) -> Path | None:
-        points = [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in self.state.curve]
-        xs = (("iteration", "updates"), ("time_s", "training seconds"))
-        target = (
-            (self.state.warm_accuracy or 0.0) + self.algo.target_gain,
-            f"warm-up + {self.algo.target_gain:g}",
-        )
-        title = f"GRPO on 2-digit addition: {self.job.name or folder.name}"
-        return plot_curve(points, folder / PLOT_FILE, ("accuracy", "held-out exact match"), xs, target, title)
-
-
-PLOT_FILE = "accuracy_curve.png"
+        warm, accuracy = self.state.warm_accuracy, self.state.accuracy
+        return [f"held-out exact match {_num(warm)} (warm-up) → {_num(accuracy)}"]
 
 
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def run(
-    cfg: Mapping[str, Any],
-    *,
-    resume: bool = False,
-    console: Console | None = None,
-    cluster: Any = None,
-    on_iteration: Callable[[dict[str, Any]], None] | None = None,
-) -> RunResult:
-    """Make (or load) the start checkpoint, then place, launch and train (``rlinfra.driver.Run``)."""
-    job = parse_job_config(cfg)
-    console = console or Console()
-    start_path = start_checkpoint(job, console)  # a model that cannot load fails here, before Ray
-    check_engine(job, start_path)
-    return Run(
-        GRPOJob(job, start_path),
-        cfg,
-        resume=resume,
-        cluster=cluster,
-        console=console,
-        on_iteration=on_iteration,
-    ).execute()
+def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
+    """Make (or load) the start checkpoint, then place, launch and train: ``rlinfra.driver.Run``'s
+    options (``resume``, ``cluster``, ``console``, ``on_iteration``)."""
+    job, console = parse_job_config(cfg), options.setdefault("console", Console())
+    with console.status("the start checkpoint (a warm-up runs once, then is cached under algo.cache_dir)"):
+        start_path = start_checkpoint(job.model.path, job.algo.cache_dir, job.algo.grpo(), console.print)
+    check_engine(job, start_path)  # a model that cannot load, or that vLLM cannot serve: before Ray
+    return Run(GRPOJob(job, start_path), cfg, **options).execute()
 
 
 def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:

@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
-
 from examples.ppo_cartpole.ppo.config import PPOConfig
+from examples.ppo_cartpole.ppo.envs import discrete_spaces
 from rlinfra import driver
 from rlinfra.driver import JobConfigError, check_sections, parse_section, require
 
@@ -74,21 +73,11 @@ def run_settings(cfg: Mapping[str, Any]) -> RunSettings:
 
 
 def env_spaces(env_id: str) -> tuple[int, int]:
-    """Observation size and number of actions, from one throw-away env; a ``JobConfigError``
-    naming ``algo.env_id`` if gymnasium does not know it or it is not a discrete-action env."""
+    """Observation size and number of actions; a ``JobConfigError`` naming ``algo.env_id``."""
     try:
-        probe = gym.make(env_id)
-    except gym.error.Error as error:
+        return discrete_spaces(env_id)
+    except ValueError as error:
         raise JobConfigError(f"algo.env_id: {error}") from None
-    try:
-        if not isinstance(probe.action_space, gym.spaces.Discrete) or len(probe.observation_space.shape) != 1:
-            raise JobConfigError(
-                f"algo.env_id: {env_id!r} has {probe.action_space} actions and observations of shape "
-                f"{probe.observation_space.shape}; expected discrete actions and flat observations"
-            )
-        return int(probe.observation_space.shape[0]), int(probe.action_space.n)
-    finally:
-        probe.close()
 
 
 __all__ = ["JobConfig", "JobConfigError", "RunSettings", "env_spaces", "parse_job_config"]

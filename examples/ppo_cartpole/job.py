@@ -19,28 +19,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
-
-from rich.console import Console
 
 from examples.ppo_cartpole.config import JobConfig, JobConfigError, env_spaces, parse_job_config
 from examples.ppo_cartpole.env_worker import EnvWorker
 from examples.ppo_cartpole.rollout_worker import RolloutWorker
 from examples.ppo_cartpole.workers import ActorWorker
-from rlinfra.driver import Batch, Job, Run, RunResult, RunState, job_main, plot_curve
+from rlinfra.driver import Batch, Job, Run, RunResult, RunState, job_main
 
 
 @dataclass
 class PPOState(RunState):
-    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "env_steps", "time_to_target_s", "returns")
+    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "env_steps", "returns")
 
     window: int = 100  # the mean return is over the last ``window`` episodes
     returns: list[float] = field(default_factory=list)
     env_steps: int = 0
-    time_to_target_s: float | None = None
     first_mean_return: float = math.nan  # after this process's first iteration
 
     @property
@@ -49,32 +45,11 @@ class PPOState(RunState):
         return sum(last) / len(last) if last else math.nan
 
 
-@dataclass
-class RolloutScaling:
-    """Handed to ``run(between_rollouts=...)`` once per iteration, when no rollout is in flight:
-    remove rollout workers or add removed ones back (admitted at the served version)."""
-
-    iteration: int
-    run: Run
-    rollout: Any
-
-    @property
-    def ranks(self) -> list[int]:
-        return list(self.rollout.ranks)
-
-    def remove(self, ranks: list[int]) -> None:
-        self.run.resize(self.rollout, remove=ranks)
-
-    def add(self, ranks: list[int]) -> None:
-        self.run.resize(self.rollout, add=ranks)
-
-
 class PPOJob(Job):
-    title, components = "PPO", ("actor", "rollout", "env")
+    title, components, target_key = "PPO", ("actor", "rollout", "env"), "mean_return"
 
-    def __init__(self, job: JobConfig, between_rollouts: Callable[[RolloutScaling], None] | None) -> None:
-        self.job, self.algo, self.settings = job, job.algo, job.run
-        self.total, self.between_rollouts = job.algo.iterations, between_rollouts
+    def __init__(self, job: JobConfig) -> None:
+        self.job, self.algo, self.settings, self.total = job, job.algo, job.run, job.algo.iterations
         self.state = PPOState(window=job.algo.return_window)
         self.spaces = env_spaces(job.algo.env_id)  # a wrong env id fails here, before Ray starts
         self.overlap = job.algo.max_staleness >= 1
@@ -136,16 +111,11 @@ class PPOJob(Job):
         state, clock, self.in_sync = self.state, time.perf_counter(), None
         rollouts = run.gather(self.pending)
         collect_s, clock = time.perf_counter() - clock, time.perf_counter()
-        if self.between_rollouts is not None:  # nothing in flight: rollout workers may come and go
-            self.between_rollouts(RolloutScaling(state.iteration, run, self.rollout))
         run.commit()  # between rollouts: nothing in flight, no batch can mix versions
         more = state.iteration + 1 < self.total
         if self.overlap and more:
             self.start(run)  # on the newest weights, while the actor trains
         fresh = run.fresh(rollouts, self.algo.max_staleness, lambda b: b.value["versions"][0])
-        oldest = min(state.batch_versions[-1])
-        learned = {"batch_version": oldest, "staleness": run.learner_version - oldest}
-        learned["dropped"] = len(rollouts) - len(fresh)
         state.returns.extend(episode for b in rollouts for episode in b.value["episode_returns"])
         state.env_steps += sum(b.value["transitions"] for b in rollouts)
         metrics = self._train(run, fresh) or {"batch_ids": []}
@@ -157,12 +127,10 @@ class PPOJob(Job):
             if more:
                 self.start(run)
         run.tick()
-        if state.time_to_target_s is None and state.mean_return >= self.algo.target_return:
-            state.time_to_target_s = state.training_s
         run.updated(metrics.pop("batch_ids"))
         if math.isnan(state.first_mean_return):
             state.first_mean_return = state.mean_return
-        learned |= {key: round(value, 5) for key, value in metrics.items()}
+        learned = {key: round(value, 5) for key, value in metrics.items()}
         return self._record(run, learned, collect_s, train_s)
 
     def _train(self, run: Run, rollouts: list[Batch]) -> dict[str, Any] | None:
@@ -192,89 +160,44 @@ class PPOJob(Job):
     def _record(self, run: Run, learned: dict[str, Any], collect_s: float, train_s: float) -> dict[str, Any]:
         state, sync_s = self.state, run.sync_s
         return {
-            "iteration": state.iteration,
             "env_steps": state.env_steps,
-            "time_s": round(state.training_s, 3),
             "mean_return": state.mean_return,
             "episodes": len(state.returns),
-            "learner_version": run.learner_version,
-            "served_version": run.served_version,
             "rollout_workers": len(self.rollout.ranks),
             "collect_s": round(collect_s, 4),
             "train_s": round(train_s, 4),
             "sync_s": round(sync_s["prepare_s"] + sync_s["pause_s"], 4),
-            "pause_s": round(sync_s["pause_s"], 5),  # the driver's view of the commit
-            "held_s": round(sync_s["held_s"], 5),  # the longest a rollout worker's gate was closed
             "steps_per_s": round(state.env_steps / max(state.training_s, 1e-9), 1),
             "replicas_in_sync": getattr(self, "in_sync", None),
         } | learned
 
-    def reached(self, record: dict[str, Any]) -> bool:
-        return bool(record["mean_return"] >= self.algo.target_return)
+    def target(self) -> float:
+        return self.algo.target_return
 
     def line(self, record: dict[str, Any]) -> str:
         return (
             f"iter {record['iteration']:3d} | steps {record['env_steps']:6d} | return "
-            f"{_num(record['mean_return'])} | batch v{record['batch_version']} → learner "
+            f"{record['mean_return']:6.1f} | batch v{record['batch_version']} → learner "
             f"v{record['learner_version']} | serving v{record['served_version']} | collect "
             f"{record['collect_s']:.2f} s train {record['train_s']:.2f} s "
             f"sync {record['sync_s'] * 1e3:.0f} ms"
         )
 
     def outcome(self, result: RunResult) -> dict[str, Any]:
-        state = self.state
-        return {
-            "mean_return": state.mean_return,
-            "env_steps": state.env_steps,
-            "time_to_target_s": state.time_to_target_s,
-        }
+        return {"mean_return": self.state.mean_return, "env_steps": self.state.env_steps}
 
     def report(self, result: RunResult) -> list[str]:
-        state, target = self.state, f"{self.algo.target_return:g}"
-        ttt = f"{state.time_to_target_s:.1f} s" if state.time_to_target_s is not None else "—"
-        window = f"last {self.algo.return_window} episodes: {state.mean_return:.1f}"
-        head = {
-            "interrupted": f"interrupted after iteration {state.iteration}; continue with --resume",
-            "target": f"reached mean return {target} ({window})",
-        }.get(
-            result.outcome, f"did NOT reach mean return {target} in {state.iteration} iterations ({window})"
-        )
-        steps_per_s = state.env_steps / state.training_s if state.training_s > 0 else 0.0
+        state = self.state
         return [
-            head,
-            f"time-to-{target}: {ttt} training ({result.wall_s:.1f} s wall, with Ray start and launch) | "
-            f"{state.iteration} iterations | {state.env_steps} env steps | {steps_per_s:.0f} steps/s",
+            f"mean return {state.mean_return:.1f} over the last {self.algo.return_window} episodes | "
+            f"{state.env_steps} env steps | {state.env_steps / max(state.training_s, 1e-9):.0f} steps/s"
         ]
 
-    def plot(self, records: list[dict[str, Any]], folder: Path) -> Path | None:
-        title = f"PPO {self.algo.env_id}: {self.job.name or folder.name}"
-        xs = (("env_steps", "environment steps"), ("time_s", "seconds"))
-        target = (self.algo.target_return, f"target {self.algo.target_return:g}")
-        return plot_curve(
-            records, folder / PLOT_FILE, ("mean_return", "mean episode return"), xs, target, title
-        )
 
-
-PLOT_FILE = "learning_curve.png"
-
-
-def _num(value: float | None) -> str:
-    return "   n/a" if value is None or math.isnan(value) else f"{value:6.1f}"
-
-
-def run(
-    cfg: Mapping[str, Any],
-    *,
-    resume: bool = False,
-    cluster: Any = None,
-    console: Console | None = None,
-    on_iteration: Callable[[dict[str, Any]], None] | None = None,
-    between_rollouts: Callable[[RolloutScaling], None] | None = None,
-) -> RunResult:
-    """Place, launch and train (see ``rlinfra.driver.Run``); ``between_rollouts`` may remove or
-    add rollout workers once per iteration (elastic rollout)."""
-    job = PPOJob(parse_job_config(cfg), between_rollouts)
-    return Run(job, cfg, resume=resume, cluster=cluster, console=console, on_iteration=on_iteration).execute()
+def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
+    """Place, launch and train: ``rlinfra.driver.Run``'s options (``resume``, ``cluster``,
+    ``console``, ``on_iteration``, ``between_batches``: e.g. ``run.resize("rollout", remove=[1])``)."""
+    return Run(PPOJob(parse_job_config(cfg)), cfg, **options).execute()
 
 
 def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:

@@ -1,6 +1,6 @@
 """``rlinfra job``: submit, watch, stop and list jobs on a running Ray cluster (Ray's Jobs API).
 
-The commands only wire ``rlinfra.services.jobs`` to the terminal: job output goes to stdout,
+The commands only wire ``rlinfra.ops.jobs`` to the terminal: job output goes to stdout,
 rlinfra's own notes and errors to stderr. A mistake or an unreachable cluster exits with status
 2 and one message, no traceback; ``submit`` (when it waits) exits 0 when the job SUCCEEDED and 1
 when it FAILED or was STOPPED, so scripts can chain on it.
@@ -21,8 +21,7 @@ from rich.text import Text
 
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.options import ConfigArgument, argument, option
-from rlinfra.placement import PlacementError
-from rlinfra.services.jobs import (
+from rlinfra.ops.jobs import (
     TERMINAL_STATUSES,
     JobInfo,
     JobsClient,
@@ -31,6 +30,7 @@ from rlinfra.services.jobs import (
     parse_assignments,
     parse_requirements,
 )
+from rlinfra.placement import PlacementError
 
 USAGE_ERROR = 2
 JOB_FAILED = 1

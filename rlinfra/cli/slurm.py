@@ -2,7 +2,7 @@
 own Ray cluster, written, submitted, and followed.
 
 Only wiring: load the config, turn options into a ``SlurmJob``, write what
-``rlinfra.services.slurm.render_sbatch`` makes of it (and ``sbatch`` it), or show a job's state.
+``rlinfra.ops.slurm.render_sbatch`` makes of it (and ``sbatch`` it), or show a job's state.
 Mistakes exit with status 2 and a message. ``render`` and ``submit`` take the same options.
 """
 
@@ -17,8 +17,7 @@ from rich.console import Console
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.job import fail
 from rlinfra.cli.options import ConfigArgument, argument, option
-from rlinfra.placement import PlacementError
-from rlinfra.services.slurm import (
+from rlinfra.ops.slurm import (
     DEFAULT_NODE_TIMEOUT_S,
     DEFAULT_PORT,
     SlurmError,
@@ -27,6 +26,7 @@ from rlinfra.services.slurm import (
     render_sbatch,
     submit,
 )
+from rlinfra.placement import PlacementError
 
 slurm_app = typer.Typer(
     name="slurm",

@@ -10,11 +10,12 @@ report. It imports Ray: a job's driver needs it anyway.
 
 from rlinfra.cli.module_entry import compose_config, run_module
 from rlinfra.driver.entry import job_main, plot_curve
-from rlinfra.driver.run import Batch, Job, Run, RunResult
+from rlinfra.driver.job import Batch, Job, RunResult
+from rlinfra.driver.job_config import JobConfigError, check_sections, parse_section, require
+from rlinfra.driver.metrics import read_events, read_metrics
+from rlinfra.driver.run import Run
 from rlinfra.driver.settings import RunSettings
 from rlinfra.driver.state import RunState
-from rlinfra.services.job_config import JobConfigError, check_sections, parse_section, require
-from rlinfra.services.metrics import read_events, read_metrics
 from rlinfra.services.weights.probe import LogprobProbe
 
 __all__ = [

@@ -15,18 +15,18 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from rlinfra.driver.batches import BatchLedgerError
+from rlinfra.driver.checkpoints import CheckpointError
+from rlinfra.driver.job_config import JobConfigError
+from rlinfra.driver.supervisor import UnsupervisedLoss
 from rlinfra.placement import PlacementError
 from rlinfra.runtime.errors import ClusterError, WorkerGroupError
 from rlinfra.runtime.supervision import SupervisionError
-from rlinfra.runtime.timesharing import TimeSharingError
-from rlinfra.services.batches import BatchLedgerError
-from rlinfra.services.checkpoints import CheckpointError
-from rlinfra.services.job_config import JobConfigError
-from rlinfra.services.supervisor import UnsupervisedLoss
+from rlinfra.runtime.timeshared import TimeSharingError
 from rlinfra.services.weights import WeightSyncError
 from rlinfra.services.weights.probe import LogprobMismatchError
 
-from .run import RunResult
+from .job import RunResult
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 USAGE_ERRORS = (

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinfra.driver.batches import BatchLedger
+from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.driver.supervisor import Supervisor, UnsupervisedLoss
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.supervision import Restart, SupervisionError
-from rlinfra.services.batches import BatchLedger
-from rlinfra.services.checkpoints import CheckpointStore
-from rlinfra.services.supervisor import Supervisor, UnsupervisedLoss
 from rlinfra.services.weights import WeightSync, WeightSyncError
 
 REPORT_FILE = "failure.json"

@@ -25,13 +25,18 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.driver.failure_report import FailureReport
+from rlinfra.driver.metrics import MetricsLog, read_metrics
+from rlinfra.driver.signals import CtrlC, sigint_ignored
+from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.placement import ComponentPlacement, PlacementError
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.cluster import Cluster
@@ -41,87 +46,14 @@ from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.rendezvous import bring_up
 from rlinfra.runtime.supervision import Restart, RestartBudget
 from rlinfra.runtime.timesharing import TimeSharing
-from rlinfra.services.checkpoints import CheckpointStore
-from rlinfra.services.failure_report import FailureReport
-from rlinfra.services.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, read_metrics
-from rlinfra.services.recovery import SupervisedSteps, TrainerRestarter
-from rlinfra.services.signals import CtrlC, sigint_ignored
-from rlinfra.services.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.services.weights import WeightSync
 
-from .settings import RunSettings
-from .state import RunState
+from .entry import plot_curve
+from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult
+from .supervised import SupervisedSteps, TrainerRestarter
 
 PLACEMENT_FILE = "placement.json"
-SUMMARY_FILE = "summary.json"
-BUDGET, TARGET, INTERRUPTED, FAILED = "budget", "target", "interrupted", "failed"  # how a run ended
-
-
-class Job:
-    """What a job supplies to ``Run``. Set ``settings``, ``state`` and ``total`` (the iteration
-    budget) in ``__init__``; override ``launch`` and ``step``, and whichever hook you need."""
-
-    title = "RL"  # the progress bar's label
-    components: tuple[str, ...] = ()  # what the YAML must place, in the order placement.json shows
-    trainer_payload = "actor"  # the checkpoint file the trainer's state is saved as
-    unit = "iteration"  # what the job calls one iteration, in messages
-    settings: RunSettings
-    state: RunState
-    total: int
-
-    def check(self, run: Run) -> None:
-        """Refuse a shape the job cannot run (e.g. batches that do not split over the workers),
-        once the layout is reserved and before any worker starts."""
-
-    def launch(self, run: Run) -> None:
-        """Start the groups (``run.launch``, ``run.start_trainer``, ``run.connect_weights``,
-        ``run.supervise``)."""
-        raise NotImplementedError
-
-    def start(self, run: Run) -> None:
-        """Begin: issue the first batches. Called again after a trainer restart (the state is
-        rewound then; batches in flight were dropped)."""
-
-    def step(self, run: Run) -> dict[str, Any]:
-        """One iteration, ending with ``run.updated()``; returns its metrics record."""
-        raise NotImplementedError
-
-    def reached(self, record: dict[str, Any]) -> bool:
-        """Stop early: the target is reached."""
-        return False
-
-    def trainer_state(self, run: Run) -> bytes:
-        """What a checkpoint keeps of the trainer (rank 0's ``checkpoint()``)."""
-        return run.on_trainer(lambda: run.trainer.execute_on(0).checkpoint().wait()[0])
-
-    def line(self, record: dict[str, Any]) -> str | None:
-        """A console line per iteration (None: none)."""
-        return None
-
-    def status(self, record: dict[str, Any]) -> str:
-        """The progress bar's status text (on a terminal)."""
-        return ""
-
-    def outcome(self, result: RunResult) -> dict[str, Any]:
-        """The job's own entries of ``summary.json``."""
-        return {}
-
-    def report(self, result: RunResult) -> list[str]:
-        """The job's closing lines (its outcome); ``RunResult.report`` adds where the files are."""
-        return []
-
-    def plot(self, records: list[dict[str, Any]], folder: Path) -> Path | None:
-        """Draw the run's curve from every metrics record (resumed runs included), if wanted."""
-        return None
-
-
-@dataclass
-class Batch:
-    """One rank's result of a ``generate`` call, under the batch id it was made for."""
-
-    rank: int
-    id: str
-    value: Any
+CURVE_FILE = "curve.png"
 
 
 @dataclass
@@ -135,83 +67,12 @@ class Pending:
     call: GroupCall
 
 
-@dataclass
-class RunResult:
-    """What a run did; the CLI prints ``report()``, tests and benchmarks read the rest."""
-
-    job: Job
-    output_dir: Path
-    resumed_from: int = 0  # the iteration the checkpoint was at; 0 for a fresh run
-    outcome: str = BUDGET
-    wall_s: float = 0.0  # this process: Ray start, launch, training and teardown
-    plot: Path | None = None
-    placements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    relations: dict[str, str] = field(default_factory=dict)  # "actor-rollout" → "colocated", …
-    misplaced_bundles: list[str] = field(default_factory=list)  # expected: none
-    switches: dict[str, float] = field(default_factory=dict)  # time-sharing, when colocated
-    phases: list[tuple[str, str]] = field(default_factory=list)  # (component, sleep/wake) in order
-
-    @property
-    def state(self) -> Any:
-        return self.job.state
-
-    @property
-    def iterations(self) -> int:
-        return int(self.job.state.iteration)
-
-    @property
-    def interrupted(self) -> bool:
-        return self.outcome == INTERRUPTED
-
-    @property
-    def batches(self) -> dict[str, Any]:
-        """How every batch id of this run ended; none open, none duplicated."""
-        return self.job.state.ledger.summary()
-
-    @property
-    def served_versions(self) -> list[int]:
-        return list(self.job.state.served_versions)
-
-    @property
-    def batch_versions(self) -> list[list[int]]:
-        return list(self.job.state.batch_versions)
-
-    def summary(self) -> dict[str, Any]:
-        """What ``summary.json`` keeps."""
-        state = self.job.state
-        return {
-            "outcome": self.outcome,
-            "iterations": self.iterations,
-            "interrupted": self.interrupted,
-            "relations": self.relations,
-            "training_s": round(state.training_s, 3),
-            "wall_s": round(self.wall_s, 3),
-            "batches": self.batches,
-            "recoveries": state.events,
-            "switches": self.switches,
-        } | self.job.outcome(self)
-
-    def report(self) -> str:
-        """The closing lines: the job's outcome, the recoveries, where the files are."""
-        job, folder = self.job, self.output_dir
-        lines = [*job.report(self)]
-        if self.job.state.events:
-            lines.append(f"survived {len(self.job.state.events)} fault(s): see {folder / SUMMARY_FILE}")
-        lines.append(f"metrics: {folder / METRICS_FILE}")
-        if job.settings.tensorboard:
-            lines.append(f"tensorboard: tensorboard --logdir {folder / TENSORBOARD_DIR}")
-        if self.plot is not None:
-            lines.append(f"curve: {self.plot}")
-        if self.switches:
-            count, p50 = self.switches["switches"], self.switches["total_p50_s"]
-            lines.append(f"time-sharing: {count:.0f} switches, p50 {p50:.3f} s")
-        return "\n".join(lines)
-
-
 class Run:
     """One run of ``job`` on the config ``cfg`` (its ``cluster`` section is rlinfra's).
     ``cluster``: an existing cluster to use and leave running; ``on_iteration`` sees each record
-    as it is written; ``resume`` continues from the last checkpoint in ``run.output_dir``."""
+    as it is written; ``between_batches(run)`` runs at an iteration's first ``commit``, when no
+    batch is in flight (elastic scaling: ``run.resize``); ``resume`` continues from the last checkpoint in
+    ``run.output_dir``."""
 
     def __init__(
         self,
@@ -222,8 +83,10 @@ class Run:
         cluster: Cluster | None = None,
         console: Console | None = None,
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
+        between_batches: Callable[[Run], None] | None = None,
     ) -> None:
         self.job, self.cfg, self.settings, self.state = job, cfg, job.settings, job.state
+        self.between_batches = between_batches
         self.console = console or Console()
         self.on_iteration = on_iteration
         self.output = Path(job.settings.output_dir)
@@ -255,7 +118,8 @@ class Run:
         self._awake: str | None = None
         self._steps: SupervisedSteps | None = None
         self._restarter: TrainerRestarter | None = None
-        self._updated = False
+        self._updated = self._between_done = False
+        self._freshness: dict[str, int] = {}  # the last ``fresh`` call's, for the record
         self.log: MetricsLog | None = None
 
     # ----------------------------------------------------------------------------- the life
@@ -292,12 +156,28 @@ class Run:
                 self._end_open_batches()
                 self.log.close()
                 self._release(result)
-                result.plot = job.plot(read_metrics(self.output), self.output) if self.settings.plot else None
+                self._measure_target(result)
                 result.wall_s = time.perf_counter() - started
                 (self.output / SUMMARY_FILE).write_text(
                     json.dumps(result.summary(), indent=1), encoding="utf-8"
                 )
         return result
+
+    def _measure_target(self, result: RunResult) -> None:
+        """The training time to the target, from every metrics record (resumed runs included), and
+        the curve towards it."""
+        key, target = self.job.target_key, self.job.target()
+        if not key or target is None:
+            return
+        points = [p for p in self.job.curve(read_metrics(self.output)) if p.get(key) is not None]
+        result.time_to_target_s = next((p["time_s"] for p in points if p[key] >= target), None)
+        if self.settings.plot:
+            title = f"{self.job.title}: {self.cfg.get('name') or self.output.name}"
+            xs = (("iteration", f"{self.job.unit}s"), ("time_s", "training seconds"))
+            label = key.replace("_", " ")
+            result.plot = plot_curve(
+                points, self.output / CURVE_FILE, (key, label), xs, (target, "target"), title
+            )
 
     def _reserve(self, result: RunResult) -> None:
         missing = [name for name in self.job.components if name not in self.placement.components]
@@ -345,7 +225,7 @@ class Run:
             job.start(self)
             self.clock = time.perf_counter()
             while state.iteration < job.total:
-                self._updated = False
+                self._updated, self._freshness, self._between_done = False, {}, False
                 try:
                     record = job.step(self)
                 except UnsupervisedLoss as loss:  # a trainer rank: the whole group, from the checkpoint
@@ -354,6 +234,7 @@ class Run:
                     continue
                 if not self._updated:
                     raise RuntimeError(f"{type(job).__name__}.step returned without run.updated()")
+                record = self._standard_record() | record
                 assert self.log is not None
                 self.log.write(record)
                 show(record)
@@ -361,9 +242,24 @@ class Run:
                     self.on_iteration(record)
                 if ctrl_c.pressed:  # its KeyboardInterrupt was swallowed somewhere: stop here
                     raise KeyboardInterrupt
-                if job.reached(record):
+                if job.stop_at_target and self._reached(record):
                     return TARGET
         return BUDGET
+
+    def _standard_record(self) -> dict[str, Any]:
+        """What every iteration's record has: progress, versions, the weight barrier's times, and
+        the batches' versions (from ``fresh``)."""
+        record = {
+            "iteration": self.state.iteration,
+            "time_s": round(self.state.training_s, 3),
+            "learner_version": self.learner_version,
+            "served_version": self.served_version,
+        } | {key: round(value, 5) for key, value in self.sync_s.items()}
+        return record | self._freshness
+
+    def _reached(self, record: dict[str, Any]) -> bool:
+        target, value = self.job.target(), record.get(self.job.target_key)
+        return target is not None and value is not None and value >= target
 
     @contextlib.contextmanager
     def _display(self) -> Iterator[Callable[[dict[str, Any]], None]]:
@@ -380,7 +276,9 @@ class Run:
             task = bar.add_task("train", total=self.job.total, completed=self.state.iteration, status="")
 
             def show(record: dict[str, Any]) -> None:
-                bar.update(task, completed=self.state.iteration, status=self.job.status(record))
+                key = self.job.target_key
+                status = f"{key} {record[key]:.3f}" if record.get(key) is not None else ""
+                bar.update(task, completed=self.state.iteration, status=status)
                 line = self.job.line(record)
                 if line is not None:
                     console.print(line, highlight=False, soft_wrap=True)
@@ -507,11 +405,18 @@ class Run:
         with contextlib.suppress(_NobodyGone):
             self.steps.heal(_NobodyGone("a worker died"))
 
-    def resize(self, group: WorkerGroup, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
-        """Elastic: remove ranks of ``group`` or add removed ones back (admitted at the served
-        version), between iterations."""
+    def resize(self, component: str, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
+        """Elastic: stop ranks of a supervised ``component`` or start stopped ones again (admitted at
+        the served version), between batches (``between_batches``)."""
         assert self.supervisor is not None
-        self.supervisor.resize(group, add=add, remove=remove)
+        self.supervisor.resize(self.group(component), add=add, remove=remove)
+
+    def group(self, component: str) -> WorkerGroup:
+        """The launched group of ``component``."""
+        found = [group for group in self._groups if group.name == component]
+        if not found:
+            raise KeyError(f"no launched component {component!r}; launched: {[g.name for g in self._groups]}")
+        return found[0]
 
     def _healed(self) -> None:
         """After every recovery: say so everywhere, and put a replaced engine back to sleep when it
@@ -596,6 +501,8 @@ class Run:
         stale = [b.id for b in batches if b not in kept]
         self.state.ledger.dropped(stale)
         self.state.dropped_batches += len(stale)
+        oldest = min(versions, default=learner)
+        self._freshness = {"batch_version": oldest, "staleness": learner - oldest, "dropped": len(stale)}
         return kept
 
     def lost(self, batches: Sequence[Batch]) -> None:
@@ -647,6 +554,9 @@ class Run:
     def commit(self) -> int | None:
         """Pause → swap → verify → resume for the staged version, if any (staged again first if a
         replacement dropped it), between batches. Returns the version now served, or None."""
+        if self.between_batches is not None and not self._between_done:
+            self._between_done = True
+            self.between_batches(self)
         version, sync = self.staged_version, self.sync
         if version is None or sync is None:
             return None
@@ -698,4 +608,4 @@ class _NobodyGone(RuntimeError):
     """What ``replace_dead`` hands ``Supervisor.heal``, which re-raises it when nobody died."""
 
 
-__all__ = ["BUDGET", "FAILED", "INTERRUPTED", "TARGET", "Batch", "Job", "Pending", "Run", "RunResult"]
+__all__ = ["Pending", "Run"]

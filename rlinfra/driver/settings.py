@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlinfra.services.job_config import require
+from rlinfra.driver.job_config import require
 from rlinfra.services.weights.barrier import TRANSPORTS
 
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rlinfra.driver.batches import BatchLedger
+from rlinfra.driver.supervisor import Recovery
 from rlinfra.runtime.supervision import Restart
-from rlinfra.services.batches import BatchLedger
-from rlinfra.services.supervisor import Recovery
 
 
 @dataclass

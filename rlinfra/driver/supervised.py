@@ -1,5 +1,5 @@
-"""How a driver loop rides out faults: the calls it makes into a supervised run, and the trainer's
-restart from its checkpoint. Every main job needs both; neither knows what the job trains.
+"""How ``Run`` rides out faults: the calls a driver makes into a supervised run, and the trainer's
+restart from its checkpoint. Neither knows what the job trains.
 
 ``SupervisedSteps`` — the three ways a driver calls into a run that a ``Supervisor`` watches:
 
@@ -21,8 +21,7 @@ collective with it), so the whole trainer group is:
     publish    the restored weights as the next version above the one served (versions only rise),
                through the normal barrier, so every receiver serves them before anything is made
 
-What the driver rewinds (its counters, its metrics, its batch ledger) is the job's to do with the
-returned ``Restart``: only it knows what the checkpoint holds.
+What the driver rewinds (its state, its metrics, its batch ledger) is ``Run``'s to do.
 """
 
 from __future__ import annotations
@@ -31,11 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import REFUSED, RESTARTED, Restart, RestartBudget, RestartBudgetExhausted
-from rlinfra.services.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.services.weights import WeightSync, WeightSyncError
 
 StartTrainer = Callable[[bytes | None, int | None], tuple[WorkerGroup, int]]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlinfra.runtime.timesharing import TimeShared
+from rlinfra.runtime.timeshared import TimeShared
 from rlinfra.services.weights.engine import EngineReceiver
 
 VLLM_VERSION = "0.32.0"

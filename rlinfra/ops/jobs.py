@@ -12,7 +12,7 @@ the ``jobs`` extra), for three things plain Ray leaves to the caller:
 * **No secrets in runtime_env.** Ray records a job's runtime_env in plain text (job info,
   ``ray job list``, the dashboard, ``runtime_env_agent.log``). ``build_runtime_env`` and
   ``JobsClient.submit`` refuse env vars that look like credentials (``looks_like_secret``);
-  secrets go through rlinfra's secrets channel (``rlinfra.services.secrets``).
+  secrets go through rlinfra's secrets channel (``rlinfra.runtime.secrets``).
 
 Address: ``--address``, else ``cluster.address`` in the config, else ``RAY_API_SERVER_ADDRESS`` or
 ``RAY_ADDRESS``, else ``http://127.0.0.1:8265``. It is the *dashboard* address; an address without

@@ -159,7 +159,7 @@ fi
 head_host=${hosts[0]}
 # The head's address as the other nodes must reach it: the one its route to the network uses,
 # else a non-loopback address its hostname resolves to (Debian maps the hostname to 127.0.1.1).
-find_address='from rlinfra.services.slurm import print_node_address; print_node_address()'
+find_address='from rlinfra.ops.slurm import print_node_address; print_node_address()'
 mapfile -t probe < <(step_args 0)
 head_ip=${RLINFRA_SLURM_NODE_IP:-$(srun "${probe[@]}" --nodelist="$head_host" "$python_bin" -c "$find_address" "$num_nodes")}
 if [[ -z $head_ip ]]; then

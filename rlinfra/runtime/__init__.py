@@ -11,7 +11,7 @@ _EXPORTS = {
     "ClusterError": "rlinfra.runtime.errors",
     "ComponentAsleepError": "rlinfra.runtime.timesharing",
     "GroupCall": "rlinfra.runtime.calls",
-    "GroupMethod": "rlinfra.runtime.group",
+    "GroupMethod": "rlinfra.runtime.group_views",
     "Layout": "rlinfra.runtime.layout",
     "RankFailure": "rlinfra.runtime.errors",
     "ReservationError": "rlinfra.runtime.layout",
@@ -24,7 +24,7 @@ _EXPORTS = {
     "compose_env": "rlinfra.runtime.env",
     "SecretError": "rlinfra.runtime.secrets",
     "TopologyError": "rlinfra.runtime.topology",
-    "TimeShared": "rlinfra.runtime.timesharing",
+    "TimeShared": "rlinfra.runtime.timeshared",
     "TimeSharing": "rlinfra.runtime.timesharing",
     "TimeSharingError": "rlinfra.runtime.timesharing",
 }

@@ -36,12 +36,13 @@ from rlinfra.placement.env_vars import EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation
-from rlinfra.runtime.calls import GroupCall, concat_chunks, split_batch
+from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, driver_allowlist
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
+from rlinfra.runtime.group_views import ROLE_CALL, GroupMethod, WorkerGroupView
 from rlinfra.runtime.hosting import HostMethods, WorkerContext, hosted_class
 from rlinfra.runtime.layout import Layout, cpus_per_process
 from rlinfra.runtime.progress import WATCH_GROUP
@@ -63,7 +64,6 @@ logger = logging.getLogger("rlinfra")
 
 DEFAULT_LAUNCH_TIMEOUT_S = 120.0
 DEFAULT_STUCK_AFTER_S = 300.0  # a call's rank silent this long (no return, no heartbeat) is stuck
-ROLE_CALL = "rlinfra_role_call"  # what rlinfra.runtime.fused gives a fused worker to reach a role
 DEFAULT_CALL_TIMEOUT_S = 600.0
 GONE_PROBE_S = 5.0  # how long gone_ranks waits for the live ranks' probes
 NAME_RELEASE_POLL_S = 0.02  # Ray gives no event for a killed actor's name becoming free
@@ -389,27 +389,32 @@ class WorkerGroup:
         if per_rank is not None and len(per_rank) != len(chosen):
             raise ValueError(f"{self.name}.{name}: {len(per_rank)} argument tuples for {len(chosen)} ranks")
         calls = per_rank if per_rank is not None else [args] * len(chosen)
-        refs = self._remote(name, chosen, calls, kwargs or {})
-        return self._call(action or name, refs, chosen, timeout=timeout)
+        return self.fan_out(name, chosen, calls, kwargs or {}, action=action, timeout=timeout)
 
-    def _remote(self, name: str, ranks: Sequence[int], args: Sequence[tuple], kwargs: Mapping) -> list[Any]:
-        # The one place every call (``call``, ``group.method(...)``, views, roles) goes through.
-        if self.call_guard is not None:
-            self.call_guard(name, ranks)
-        return [getattr(self.actors[r], name).remote(*a, **kwargs) for r, a in zip(ranks, args, strict=True)]
-
-    def _call(
+    def fan_out(
         self,
-        action: str,
-        refs: list[Any],
+        name: str,
         ranks: list[int],
+        per_rank_args: Sequence[tuple[Any, ...]],
+        kwargs: Mapping[str, Any],
+        *,
+        action: str | None = None,
         timeout: float | None = None,
         gather: Callable[[list[Any]], Any] | None = None,
-        name: str | None = None,
+        label: str | None = None,
     ) -> GroupCall:
+        """Send ``name(*per_rank_args[i], **kwargs)`` to rank ``ranks[i]``: the one place every call
+        (``call``, ``group.method(...)``, views, roles) goes through, past the ``call_guard``.
+        ``gather`` combines the results; ``label`` names the group in errors (a fused role)."""
+        if self.call_guard is not None:
+            self.call_guard(name, ranks)
+        actors = self.actors
+        refs = [
+            getattr(actors[r], name).remote(*a, **kwargs) for r, a in zip(ranks, per_rank_args, strict=True)
+        ]
         return GroupCall(
-            name or self.name,
-            action,
+            label or self.name,
+            action or name,
             refs,
             ranks,
             self.node_rank_of,
@@ -615,76 +620,6 @@ def default_strategy(cluster: Cluster) -> PlacementStrategy:
     return NodePlacementStrategy([0])
 
 
-class WorkerGroupView:
-    """The ranks a call goes to (all, or a subset from ``execute_on``), and for a fused worker
-    the role it goes to."""
-
-    def __init__(self, group: WorkerGroup, ranks: list[int] | None, role: str | None = None) -> None:
-        self._group = group
-        self._ranks = ranks
-        self._role = role
-
-    def role(self, name: str) -> WorkerGroupView:
-        """The same ranks, calling role ``name`` of a fused worker (see ``rlinfra.fuse``)."""
-        roles = getattr(self._group.worker_cls, "fused_roles", {})
-        if name not in roles:
-            raise AttributeError(
-                f"worker group {self._group.name!r} has no role {name!r}"
-                + (f"; its roles are {list(roles)}" if roles else " (it is not a fused worker)")
-            )
-        return WorkerGroupView(self._group, self._ranks, name)
-
-    def __getattr__(self, method: str) -> GroupMethod:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        group = self._group
-        if not group.actors:
-            raise RuntimeError(f"worker group {group.name!r} is not launched (call .launch first)")
-        cls = getattr(group.worker_cls, "fused_roles", {})[self._role] if self._role else group.worker_cls
-        if not callable(getattr(cls, method, None)):
-            raise AttributeError(f"{cls.__name__} has no method {method!r}")
-        ranks = self._ranks if self._ranks is not None else group.ranks
-        return GroupMethod(group, method, ranks, self._role)
-
-
-class GroupMethod:
-    """``group.method(...)`` broadcasts; ``.scatter(per_rank)`` and ``.split(batch)`` dispatch
-    per rank. Every form returns a ``GroupCall``; errors name the role of a fused worker."""
-
-    def __init__(self, group: WorkerGroup, method: str, ranks: list[int], role: str | None = None) -> None:
-        self._group = group
-        self._method = method
-        self._ranks = ranks
-        self._role = role
-
-    def __call__(self, *args: Any, **kwargs: Any) -> GroupCall:
-        return self._fan_out([args] * len(self._ranks), kwargs)
-
-    def scatter(self, per_rank: Sequence[Any], *args: Any, **kwargs: Any) -> GroupCall:
-        """Rank ``self._ranks[i]`` gets ``per_rank[i]`` as its first argument."""
-        if len(per_rank) != len(self._ranks):
-            raise ValueError(
-                f"{self._group.name}.{self._method}.scatter: {len(per_rank)} values for "
-                f"{len(self._ranks)} ranks"
-            )
-        return self._fan_out([(value, *args) for value in per_rank], kwargs)
-
-    def split(self, batch: Any, *args: Any, **kwargs: Any) -> GroupCall:
-        """Cut ``batch`` into one contiguous chunk per rank; ``wait`` concatenates the results in
-        rank order (each rank must return a sequence)."""
-        chunks = split_batch(batch, len(self._ranks))
-        return self._fan_out([(chunk, *args) for chunk in chunks], kwargs, gather=concat_chunks)
-
-    def _fan_out(self, per_rank_args: list[tuple], kwargs: dict[str, Any], gather: Any = None) -> GroupCall:
-        group, role, method = self._group, self._role, self._method
-        if role is None:
-            refs = group._remote(method, self._ranks, per_rank_args, kwargs)
-            return group._call(method, refs, self._ranks, gather=gather)
-        role_args = [(role, method, args, kwargs) for args in per_rank_args]
-        refs = group._remote(ROLE_CALL, self._ranks, role_args, {})
-        return group._call(method, refs, self._ranks, gather=gather, name=f"{group.name}/{role}")
-
-
 def _progress_until_ready(refs: list[Any], deadline: Deadline, name: str) -> None:
     """A progress bar while a large group starts (returns at the deadline or when all are done)."""
     from rich.progress import Progress
@@ -697,4 +632,4 @@ def _progress_until_ready(refs: list[Any], deadline: Deadline, name: str) -> Non
             progress.update(task, completed=len(refs) - len(pending))
 
 
-__all__ = ["CallGuard", "GroupMethod", "WorkerGroup", "WorkerGroupView"]
+__all__ = ["ROLE_CALL", "CallGuard", "GroupMethod", "WorkerGroup", "WorkerGroupView"]

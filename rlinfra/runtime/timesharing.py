@@ -63,87 +63,37 @@ one's place with ``schedule.rejoin(group)``, asleep. The schedule is driven from
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
-import gc
-import inspect
-import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
-import ray
 
 from rlinfra.placement.record import Placement
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import WorkerGroupError
-from rlinfra.runtime.group import ROLE_CALL, CallGuard, WorkerGroup
-from rlinfra.runtime.progress import WATCH_GROUP
-from rlinfra.runtime.served_asleep import is_served_asleep
-from rlinfra.runtime.worker import Worker
+from rlinfra.runtime.group import CallGuard, WorkerGroup
+from rlinfra.runtime.timeshared import (
+    ASLEEP,
+    AWAKE,
+    NOTE_AWAKE,
+    READ_RESIDENT,
+    SLEEP,
+    UNKNOWN,
+    WAKE,
+    ComponentAsleepError,
+    TimeShared,
+    TimeSharingError,
+    refused_while_asleep,
+    release_freed_memory,
+    resident_set_bytes,
+)
 
 DEFAULT_SWITCH_TIMEOUT_S = 300.0  # an engine reloading a large model's weights takes minutes
-SLEEP, WAKE = "sleep", "wake"  # the hooks, and the actions in ``phases``
-AWAKE, ASLEEP, UNKNOWN = "awake", "asleep", "unknown"  # UNKNOWN: its last sleep or wake failed
-INTERNAL_PREFIX = "rlinfra_"  # rlinfra's own worker methods: never refused (but a fused role's are)
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def refused_while_asleep(cls: type, method: str) -> bool:
-    """Whether a sleeping worker of class ``cls`` refuses ``method``: every method but rlinfra's
-    own and those marked ``@served_asleep`` (the weight-update ones: a colocated job stages, even
-    commits, the next version while the other component has its turn) — and a fused worker's
-    role calls are refused like the roles' methods."""
-    if method == ROLE_CALL:
-        return True
-    return not (method.startswith(INTERNAL_PREFIX) or is_served_asleep(cls, method))
-
-
-class TimeSharingError(RuntimeError):
-    """The schedule refuses something: a component without hooks, a hook called behind its
-    back, a component it does not time-share."""
-
-
-class ComponentAsleepError(TimeSharingError):
-    """A call reached a component that is asleep (or in an unknown state) on those ranks."""
-
-    def __init__(
-        self,
-        component: str,
-        ranks: Sequence[int],
-        method: str,
-        awake: Sequence[str],
-        node_ranks: Sequence[int | None] = (),
-        state: str = ASLEEP,
-    ) -> None:
-        self.component, self.method, self.state = component, method, state
-        self.ranks, self.awake, self.node_ranks = tuple(ranks), tuple(awake), tuple(node_ranks)
-        super().__init__(self._render())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Raised inside a worker too: Ray pickles it, and the default would call __init__(message).
-        return type(self), (self.component, self.ranks, self.method, self.awake, self.node_ranks, self.state)
-
-    def _render(self) -> str:
-        nodes = sorted({node for node in self.node_ranks if node is not None})
-        where = f" (node {', '.join(map(str, nodes))})" if nodes else ""
-        state = "asleep" if self.state == ASLEEP else "in an unknown state (its last sleep or wake failed)"
-        if not self.awake:
-            holder = "no component is awake on its devices"
-        else:
-            names = ", ".join(repr(name) for name in self.awake)
-            holder = f"{names} {'is' if len(self.awake) == 1 else 'are'} awake on its devices"
-        ranks = ", ".join(map(str, self.ranks))
-        return (
-            f"component {self.component!r} is {state} on rank(s) {ranks}{where}: call "
-            f"{self.component}.{self.method} refused; {holder}. Wake it first: "
-            f"schedule.wake({self.component!r})"
-        )
 
 
 class SwitchError(WorkerGroupError):
@@ -171,174 +121,6 @@ class SwitchError(WorkerGroupError):
             f"{super()._render()}\n  time-sharing (the switch's deadline: {self.timeout_s:g} s): "
             f"{self.group!r} is now in an unknown state (calls to it are refused); {then}"
         )
-
-
-class TimeShared(Worker):
-    """Base class of a worker whose component takes turns on its devices (``TimeSharing``).
-
-    Implement ``sleep()`` (release the device memory: drop or offload weights, caches, optimizer
-    state; after it returns rlinfra collects garbage and trims the C heap) and ``wake()`` (take
-    them back). Only the schedule calls them. While asleep, the worker's public methods raise
-    ``ComponentAsleepError``: every public method of a subclass is wrapped, once, when the class
-    is defined (coroutines and generators by wrappers of their own kind).
-    """
-
-    # After sleep(), collect reference cycles too: off for a worker whose sleep() frees its tensors
-    # by reference count (tensors are freed the moment their last reference goes).
-    collect_cycles_on_sleep: ClassVar[bool] = True
-    _rlinfra_asleep: bool = False  # a constructed worker is awake until the schedule says otherwise
-    _rlinfra_yielded_to: str | None = None  # the component it was put to sleep for
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for name in dir(cls):
-            if name.startswith("_") or name in _EXEMPT or not refused_while_asleep(cls, name):
-                continue
-            member = inspect.getattr_static(cls, name)
-            if inspect.isfunction(member) and not getattr(member, "_rlinfra_guarded", False):
-                setattr(cls, name, _refused_while_asleep(member))
-
-    def sleep(self) -> None:
-        """Release this worker's device memory (the component's turn is over)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement sleep() to time-share")
-
-    def wake(self) -> None:
-        """Take back what ``sleep`` released (the component's turn begins)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement wake() to time-share")
-
-    def rlinfra_timeshare_sleep(self, yielded_to: str | None) -> float:
-        """Run ``sleep()``, then refuse calls and give the freed memory back to the OS; returns
-        the seconds it took by the worker's clock."""
-        started = time.perf_counter()
-        try:
-            self.sleep()  # may still call the worker's own methods: refused only once it is done
-        finally:
-            self._rlinfra_asleep, self._rlinfra_yielded_to = True, yielded_to
-        release_freed_memory(self.collect_cycles_on_sleep)
-        return time.perf_counter() - started
-
-    def rlinfra_timeshare_wake(self) -> float:
-        """Run ``wake()`` (calls are accepted from its start, so it may use the worker's own
-        methods); a ``wake()`` that raises leaves the worker refusing calls."""
-        started = time.perf_counter()
-        self._rlinfra_asleep = False
-        try:
-            self.wake()
-        except BaseException:
-            self._rlinfra_asleep, self._rlinfra_yielded_to = True, None
-            raise
-        return time.perf_counter() - started
-
-    @ray.method(concurrency_group=WATCH_GROUP)
-    def rlinfra_timeshare_yielded(self, awake: str) -> None:
-        """Note that ``awake`` now holds this sleeping worker's devices (named when it refuses)."""
-        self._rlinfra_yielded_to = awake
-
-    @ray.method(concurrency_group=WATCH_GROUP)
-    def rlinfra_resident_bytes(self) -> int:
-        """This process's resident set size now (answered in the watch thread, also while busy)."""
-        return resident_set_bytes()
-
-    def _rlinfra_refuse(self, method: str) -> None:
-        raise ComponentAsleepError(
-            self._group_name,
-            [self._rank],
-            method,
-            [self._rlinfra_yielded_to] if self._rlinfra_yielded_to else [],
-            [self._cluster_node_rank],
-        )
-
-
-# Worker's and TimeShared's own names (hooks, log_info …), and a fused worker's way to its roles.
-_EXEMPT = frozenset(dir(TimeShared)) | {"role_instance"}
-# Ray's stubs type @ray.method functions as remote methods; to WorkerGroup.call they are methods.
-_NOTE_AWAKE = cast(Callable[[TimeShared, str], None], TimeShared.rlinfra_timeshare_yielded)
-_READ_RESIDENT = cast(Callable[[TimeShared], int], TimeShared.rlinfra_resident_bytes)
-
-
-def _refused_while_asleep(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method``, refusing calls while the worker is asleep: one attribute read per call. The
-    wrapper is of the method's kind (Ray tells async actors and streaming methods by it)."""
-    name = method.__name__
-    if inspect.isasyncgenfunction(method):
-        guarded = _async_generator_guard(method, name)
-    elif inspect.iscoroutinefunction(method):
-        guarded = _coroutine_guard(method, name)
-    elif inspect.isgeneratorfunction(method):
-        guarded = _generator_guard(method, name)
-    else:
-        guarded = _plain_guard(method, name)
-    guarded = functools.wraps(method)(guarded)  # keeps Ray's @ray.method options and the signature
-    guarded._rlinfra_guarded = True  # type: ignore[attr-defined]
-    return guarded
-
-
-def _plain_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
-        return method(self, *args, **kwargs)
-
-    return guarded
-
-
-def _coroutine_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    async def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
-        return await method(self, *args, **kwargs)
-
-    return guarded
-
-
-def _generator_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
-        return (yield from method(self, *args, **kwargs))
-
-    return guarded
-
-
-def _async_generator_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    async def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
-        async for item in method(self, *args, **kwargs):
-            yield item
-
-    return guarded
-
-
-def resident_set_bytes() -> int:
-    """Resident set size of this process (``/proc/self/statm``; Linux)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * _PAGE_BYTES
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        return None
-
-
-def release_freed_memory(collect_cycles: bool = True) -> None:
-    """Return freed memory to the OS, so a sleeping worker's resident set shrinks.
-
-    Freed blocks above glibc's mmap threshold (it grows up to 32 MiB) are unmapped at once; smaller
-    ones stay in the C heap until ``malloc_trim`` gives back its free pages. ``gc.collect()`` first
-    frees objects kept only by reference cycles (``collect_cycles``; in a process that imported
-    transformers one collection takes ~0.2 s, more than a small model's whole switch).
-    """
-    if collect_cycles:
-        gc.collect()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class Device(NamedTuple):
@@ -529,7 +311,7 @@ class TimeSharing:
         group = self.groups.get(component)
         if group is None or not issubclass(group.worker_cls, TimeShared):
             raise TimeSharingError(f"time-sharing: {component!r} is not a TimeShared component here")
-        call = group.call(_READ_RESIDENT, action="reading its resident set size")
+        call = group.call(READ_RESIDENT, action="reading its resident set size")
         return list(call.wait(timeout, stuck_after=None))
 
     # ---------------------------------------------------------------------------- internals
@@ -572,7 +354,7 @@ class TimeSharing:
         asleep = [name for name in self.time_shared if name in self.sharers[component] and name not in told]
         notes = [
             self.groups[name].call(
-                _NOTE_AWAKE,
+                NOTE_AWAKE,
                 args=(component,),
                 action=f"time-sharing: noting that {component!r} is awake",
             )

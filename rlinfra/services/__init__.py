@@ -1,3 +1,2 @@
-"""Services on top of the runtime: naming (a KV with TTLs and leases), weights (the version
-barrier), jobs and Slurm; each is imported from its own module (``rlinfra.services.naming`` …),
-one door per name."""
+"""Distributed services between workers: weights (the version barrier and its transports) and
+naming (a KV with TTLs and leases); each is imported from its own module, one door per name."""

@@ -28,7 +28,7 @@ from .completion import Completion
 from .config import GRPOConfig
 from .engine import GenerationEngine
 from .grpo import collate, completion_logprobs
-from .model import build_model, save_checkpoint
+from .model import build_model, load_pretrained, save_checkpoint
 from .rollout import evaluate
 from .task import SPLIT_SEED, PromptSampler, answer, validation_prompts
 from .tokenizer import build_tokenizer
@@ -167,3 +167,12 @@ def warm_start(cache_dir: str | Path, config: GRPOConfig, log: Callable[[str], N
 def warm_start_info(path: str | Path) -> dict[str, object]:
     """The settings and warm-up result recorded next to a cached checkpoint."""
     return json.loads((Path(path) / INFO_FILE).read_text())
+
+
+def start_checkpoint(model_path: str, cache_dir: str, config: GRPOConfig, log: Callable[[str], None]) -> str:
+    """``model_path`` checked by loading it (``ModelLoadError`` names what is wrong), or, when it
+    is empty, the warm-up checkpoint for ``config`` (made once, then cached under ``cache_dir``)."""
+    if model_path:
+        load_pretrained(model_path)
+        return str(Path(model_path).resolve())
+    return str(Path(warm_start(cache_dir, config, log=log)).resolve())

@@ -74,3 +74,21 @@ class VectorEnv:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def discrete_spaces(env_id: str) -> tuple[int, int]:
+    """Observation size and number of actions of ``env_id``, from one throw-away env; a
+    ``ValueError`` if gymnasium does not know it or it is not a discrete-action env."""
+    try:
+        probe = gym.make(env_id)
+    except gym.error.Error as error:
+        raise ValueError(str(error)) from None
+    try:
+        if not isinstance(probe.action_space, gym.spaces.Discrete) or len(probe.observation_space.shape) != 1:
+            raise ValueError(
+                f"{env_id!r} has {probe.action_space} actions and observations of shape "
+                f"{probe.observation_space.shape}; expected discrete actions and flat observations"
+            )
+        return int(probe.observation_space.shape[0]), int(probe.action_space.n)
+    finally:
+        probe.close()
