@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import time
@@ -200,10 +201,7 @@ class WorkerGroup:
         runtime_envs: list[dict[str, Any] | None],
         spec: ClusterSpec,
     ) -> None:
-        # The watch group: a thread of the actor's own that answers progress probes while the
-        # worker's method is busy (rlinfra.runtime.progress).
-        watched: Any = ray.remote(concurrency_groups={WATCH_GROUP: 1})  # type: ignore[call-overload]
-        self._actor_cls = watched(hosted_class(self.worker_cls))
+        self._actor_cls = actor_class(self.worker_cls)
         for placement, reservation, env, runtime_env in zip(
             self.placements, reservations, envs, runtime_envs, strict=True
         ):
@@ -611,6 +609,16 @@ class WorkerGroup:
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, world_size={self.world_size}, launched={bool(self.actors)})"
+
+
+@functools.cache
+def actor_class(worker_cls: type) -> Any:
+    """The Ray actor class hosting ``worker_cls``, made once per class: Ray pickles and exports a
+    new actor class on its first use, which every launch of a fresh one paid again (a restarted
+    trainer, a relaunched group). Its watch group is a thread of the actor's own that answers
+    progress probes while the worker's method is busy (``rlinfra.runtime.progress``)."""
+    watched: Any = ray.remote(concurrency_groups={WATCH_GROUP: 1})  # type: ignore[call-overload]
+    return watched(hosted_class(worker_cls))
 
 
 def default_strategy(cluster: Cluster) -> PlacementStrategy:

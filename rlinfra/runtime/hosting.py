@@ -14,18 +14,20 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from rlinfra.placement.env_vars import PATH_SEPARATOR, merge_paths
-from rlinfra.placement.node_groups import HardwareUnit
 from rlinfra.placement.record import Placement
 from rlinfra.runtime import process_groups, progress
 from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import receive_secrets
 
 SECRETS_TIMEOUT_S = 60.0
+
+if TYPE_CHECKING:  # annotations only: a worker never loads the config parser
+    from rlinfra.placement.node_groups import HardwareUnit
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ import logging
 import sys
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from rlinfra.placement.node_groups import HardwareUnit
 from rlinfra.placement.record import Placement
 from rlinfra.runtime import progress
 from rlinfra.runtime.address import WorkerAddress
-from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.secrets import received_secret
+
+if TYPE_CHECKING:  # annotations only: a worker never loads the config parser
+    from rlinfra.placement.node_groups import HardwareUnit
+    from rlinfra.runtime.group import WorkerGroup
 
 # Ray's accelerator resource names -> torch's device type (``torch.device(type)``, ``torch.<type>``).
 TORCH_DEVICE_TYPES = {"GPU": "cuda", "NPU": "npu", "XPU": "xpu", "HPU": "hpu"}
@@ -63,6 +65,8 @@ class Worker:
     @classmethod
     def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroup:
         """A group of ``cls`` workers, each constructed with ``*args, **kwargs`` once launched."""
+        from rlinfra.runtime.group import WorkerGroup  # the driver's side: not imported in workers
+
         return WorkerGroup(cls, args, kwargs)
 
     @property

@@ -370,10 +370,10 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
 
 
 def test_learner_keeps_ddp_replicas_identical(tmp_path: Path) -> None:
-    # fork, not spawn: the children inherit the imported torch and transformers instead of paying ~8 s
-    # each to import them again.
+    # spawn, not fork: forking a pytest process that earlier tests left with threads could hang a
+    # child (seen twice); the children pay a few seconds to import torch and transformers instead.
     args = (2, str(tmp_path / "init"), str(tmp_path))
-    mp.start_processes(_ddp_worker, args=args, nprocs=2, start_method="fork")
+    mp.start_processes(_ddp_worker, args=args, nprocs=2, start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for name, tensor in ranks[0]["after"].items():
         assert torch.equal(ranks[0]["before"][name], ranks[1]["before"][name])  # rank 0's weights won
