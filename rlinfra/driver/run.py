@@ -8,7 +8,7 @@ here, in this order:
     reserve     one placement group for the layout, shown as tables before any worker starts
     launch      the job's groups; the trainer with its rendezvous and checkpoint; the weight
                 barrier to the receivers; the supervisor; time-sharing when they share devices
-    iterate     ``job.step`` until the budget or ``job.reached``; each record logged (JSONL and
+    iterate     ``job.step`` until the budget or the target; each record logged (JSONL and
                 TensorBoard), shown, checkpointed every ``run.checkpoint_every``
     ride out    a dead rollout/env/reward worker is replaced inside the calls the job makes
                 (``retried``, ``gather``, ``on_trainer``); a lost trainer rank restarts the trainer
