@@ -8,11 +8,9 @@ a ``PlacementError`` that names the config path instead of an ``AttributeError``
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.grammar import ALL, parse_rank_range
@@ -23,11 +21,14 @@ def to_plain(value: Any) -> Any:
 
     A broken interpolation (``${missing}``, an unset ``${oc.env:X}``) is bad input like any other,
     so it becomes a ``PlacementError`` naming the key rather than OmegaConf's own exception.
+    OmegaConf is not imported here: a container of it exists only where it was (a worker process,
+    which parses nothing, never loads it).
     """
-    if isinstance(value, (DictConfig, ListConfig)):
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
         try:
-            return OmegaConf.to_container(value, resolve=True)
-        except OmegaConfBaseException as error:
+            return omegaconf.OmegaConf.to_container(value, resolve=True)
+        except omegaconf.errors.OmegaConfBaseException as error:
             problem = str(error.msg).splitlines()[0] if error.msg else type(error).__name__
             raise PlacementError(
                 f"cannot resolve the config: {problem}",
