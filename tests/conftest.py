@@ -232,31 +232,6 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _below_this_process() -> set[int]:
-    """Every process under this one, from each thread's ``children`` list in ``/proc`` (reads a
-    few files where a full scan of ``/proc`` reads one per process); the full scan where the
-    kernel has no such lists; nothing where there is no ``/proc``."""
-    me = os.getpid()
-    if not os.path.isdir("/proc"):
-        return set()
-    if _read(f"/proc/{me}/task/{me}/children") is None:
-        return descendants(me) - {me}
-    found: set[int] = set()
-    todo = [me]
-    while todo:
-        pid = todo.pop()
-        try:
-            threads = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for thread in threads:
-            for child in map(int, (_read(f"/proc/{pid}/task/{thread}/children") or "").split()):
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
-    return found
-
-
 @dataclass(frozen=True)
 class _RaySeen:
     initialized: bool
@@ -266,7 +241,7 @@ class _RaySeen:
     @classmethod
     def now(cls) -> _RaySeen:
         daemons = {}
-        for pid in _below_this_process():
+        for pid in descendants(os.getpid()) - {os.getpid()}:
             name = (_read(f"/proc/{pid}/comm") or "").strip()
             if name in _RAY_DAEMONS:
                 daemons[pid] = name

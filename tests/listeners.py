@@ -65,13 +65,39 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
+def _children_of(pid: int) -> list[int] | None:
+    """``pid``'s children from its threads' ``children`` lists (a few files, where a scan of
+    ``/proc`` reads one per process); None where the kernel keeps no such lists."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone meanwhile
+        return []
+    children: list[int] = []
+    for thread in threads:
+        try:
+            children += map(int, Path(f"/proc/{pid}/task/{thread}/children").read_text().split())
+        except FileNotFoundError:
+            return None
+        except OSError:
+            continue
+    return children
+
+
 def descendants(root: int) -> set[int]:
-    """``root`` and every process under it."""
-    tree, found, todo = _children(), set(), [root]
+    """``root`` and every process under it (nothing where there is no ``/proc``)."""
+    if not os.path.isdir("/proc"):
+        return set()
+    if _children_of(root) is None:  # no children lists: one scan of /proc
+        tree = _children()
+        children_of = tree.get
+    else:
+        children_of = _children_of  # type: ignore[assignment]
+    found, todo = set(), [root]
     while todo:
         pid = todo.pop()
-        found.add(pid)
-        todo.extend(tree.get(pid, []))
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children_of(pid) or [])
     return found
 
 
