@@ -85,12 +85,7 @@ class GRPOJob(Job):
         return [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in self.state.curve]
 
     def check(self, run: Run) -> None:
-        engines = run.placement.get_world_size("rollout")
-        if self.algo.prompts_per_step % engines:
-            raise JobConfigError(
-                f"algo.prompts_per_step: {self.algo.prompts_per_step} prompts cannot be split evenly over "
-                f"{engines} rollout engines; expected a multiple of {engines}"
-            )
+        run.share(self.algo.prompts_per_step, "rollout", "algo.prompts_per_step")
         colocated = run.relation("actor", "rollout") == "colocated"
         if self.job.engine.name == "vllm" and colocated and run.cluster.config.simulate is not None:
             raise JobConfigError(

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from examples.ppo_cartpole.config import JobConfig, JobConfigError, env_spaces, parse_job_config
+from examples.ppo_cartpole.config import JobConfig, env_spaces, parse_job_config
 from examples.ppo_cartpole.env_worker import EnvWorker
 from examples.ppo_cartpole.rollout_worker import RolloutWorker
 from examples.ppo_cartpole.workers import ActorWorker
@@ -55,17 +55,9 @@ class PPOJob(Job):
         self.overlap = job.algo.max_staleness >= 1
         self.connected: dict[int, list[int]] = {}  # env rank -> the rollout ranks it talks to
 
-    def check(self, run: Run) -> None:
-        envs = run.placement.get_world_size("env")
-        if self.algo.num_envs % envs:
-            raise JobConfigError(
-                f"algo.num_envs: {self.algo.num_envs} envs cannot be split evenly over {envs} env "
-                f"workers; expected a multiple of {envs}"
-            )
-
     def launch(self, run: Run) -> None:
         algo, (obs_dim, actions) = dataclasses.asdict(self.algo), self.spaces
-        envs = self.algo.num_envs // run.placement.get_world_size("env")
+        envs = run.share(self.algo.num_envs, "env", "algo.num_envs")  # envs per env worker
         self.env = run.launch("env", EnvWorker.create_group(algo, envs, self.settings.request_timeout_s))
         version = run.start_trainer(lambda: ActorWorker.create_group(algo, obs_dim, actions))
         self.rollout = run.launch(

@@ -50,6 +50,7 @@ from rlinfra.services.weights import WeightSync
 
 from .entry import plot_curve
 from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult
+from .job_config import JobConfigError
 from .supervised import SupervisedSteps, TrainerRestarter
 
 PLACEMENT_FILE = "placement.json"
@@ -114,7 +115,7 @@ class Run:
         self._groups: list[WorkerGroup] = []
         self._in_flight: list[Pending] = []
         self._trainer_factory: Callable[[], WorkerGroup] | None = None
-        self._trainer_backend = "gloo"
+        self._trainer_name, self._trainer_backend = "actor", "gloo"
         self._awake: str | None = None
         self._steps: SupervisedSteps | None = None
         self._restarter: TrainerRestarter | None = None
@@ -379,6 +380,17 @@ class Run:
         self.turns, self._awake = TimeSharing(list(groups), awake=awake), awake
         return True
 
+    def share(self, total: int, component: str, key: str) -> int:
+        """``total`` (the config's ``key``) split evenly over the ranks of ``component``: each one's
+        share, or a ``JobConfigError`` naming ``key`` when it does not divide."""
+        ranks = self.placement.get_world_size(component)
+        if total % ranks:
+            raise JobConfigError(
+                f"{key}: {total} cannot be split evenly over {ranks} {component} workers; "
+                f"expected a multiple of {ranks}"
+            )
+        return total // ranks
+
     def relation(self, a: str, b: str) -> str:
         """How components ``a`` and ``b`` share hardware: ``colocated``, ``disaggregated``, …"""
         assert self.layout is not None
@@ -446,13 +458,14 @@ class Run:
         self.state.events.append(event)
         assert self.log is not None
         self.log.event(event)
-        where = f"node {restart.node_rank}" if restart.node_rank is not None else "its node lost"
-        self.console.print(
-            f"[yellow]recovered[/] {restart.component}:{restart.rank} on {where}: {restart.outcome} "
-            f"after {event['cause']}; serving again {served_after_s:.1f} s later",
-            highlight=False,
-            soft_wrap=True,
+        worker, cause = f"{restart.component}:{restart.rank}", event["cause"]
+        line = (
+            f"{worker}: dropped after {cause}; its node is lost, the run goes on without it"
+            if restart.node_rank is None
+            else f"{worker} on node {restart.node_rank}: {restart.outcome} after {cause}; serving again "
+            f"{served_after_s:.1f} s later"
         )
+        self.console.print(f"[yellow]recovered[/] {line}", highlight=False, soft_wrap=True)
 
     # ------------------------------------------------------------------------------ batches
     def generate(
@@ -497,8 +510,9 @@ class Run:
         learner = self.learner_version
         versions = [version(b) for b in batches]
         self.state.batch_versions.append(versions)
-        kept = [b for b, v in zip(batches, versions, strict=True) if learner - v <= max_staleness]
-        stale = [b.id for b in batches if b not in kept]
+        paired = list(zip(batches, versions, strict=True))
+        kept = [b for b, v in paired if learner - v <= max_staleness]
+        stale = [b.id for b, v in paired if learner - v > max_staleness]
         self.state.ledger.dropped(stale)
         self.state.dropped_batches += len(stale)
         oldest = min(versions, default=learner)
@@ -590,7 +604,6 @@ class Run:
         detail = (
             f"from the checkpoint of {self.job.unit} {back_to}" if saved is not None else "from its start"
         )
-        started = time.monotonic()
         self.trainer, restart = self._restarter.restart(self.trainer, loss, payload, detail)
         state.served_versions.append(self.served_version)
         state.ledger.dropped(state.ledger.open_ids)
@@ -601,7 +614,7 @@ class Run:
         self.staged_version = None
         if self._awake is not None:  # the restarted trainer came back asleep
             self.turn(self._awake)
-        self._event(restart, time.monotonic() - started, restored_iteration=back_to)
+        self._event(restart, restart.took_s, restored_iteration=back_to)
 
 
 class _NobodyGone(RuntimeError):

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from examples.ppo_cartpole.job import run
-from rlinfra.driver import read_metrics
+from rlinfra.driver import JobConfigError, read_metrics
 from rlinfra.driver.metrics import read_tensorboard
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
@@ -81,4 +81,15 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     # An env worker holds its rollout workers' handles (Ray loads their class there) yet never
     # imports torch: seconds of CPU per process saved at every launch.
     assert heavy_in_env_workers == [[], []]
+    assert_resources_released()
+
+
+def test_envs_that_do_not_split_over_the_env_workers_are_refused_before_any_worker_starts(
+    cluster, tmp_path
+) -> None:
+    cfg = job_config("disaggregated", "algo.num_envs=15", f"run.output_dir={tmp_path}")
+    with pytest.raises(JobConfigError, match=r"algo.num_envs: 15 cannot be split evenly over 2 env workers"):
+        run(cfg, cluster=cluster)
+    assert not ray.util.list_named_actors(all_namespaces=True)  # refused before any worker started
+    assert json.loads((tmp_path / "summary.json").read_text())["outcome"] == "failed"
     assert_resources_released()
