@@ -1,6 +1,6 @@
 """``rlinfra.ops.jobs`` and ``rlinfra job``: against a real Ray head with the dashboard.
 
-One head for the whole session (``ray start --head`` takes ~5-15 s and 670 MB on these machines):
+One head for the whole module (``ray start --head`` takes ~5-15 s and 670 MB on these machines):
 loopback dashboard, its own temp dir and ports, token authentication on with a token of its own
 (passed in ``RAY_AUTH_TOKEN``, so ``~/.ray/auth_token`` is neither read nor written), two logical
 GPUs so that ``--require`` has something to compare. It is stopped by its process group, never
