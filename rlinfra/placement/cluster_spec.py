@@ -8,9 +8,9 @@ identical placements.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlinfra.placement.config import MAX_ACCELERATORS_PER_NODE, ClusterConfig, parse_cluster_config
@@ -34,6 +34,9 @@ class ClusterSpec:
 
     nodes: tuple[NodeSpec, ...]
     node_groups: Mapping[str, NodeGroup]
+    _pools: dict[tuple[tuple[str, ...], bool], ResourcePool] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     @classmethod
     def from_config(
@@ -75,28 +78,29 @@ class ClusterSpec:
     def num_accelerators(self) -> int:
         return sum(node.num_accelerators for node in self.nodes)
 
-    def node_group(self, label: str) -> NodeGroup:
+    def node_group(self, label: str, where: str | None = None) -> NodeGroup:
         try:
             return self.node_groups[label]
         except KeyError:
             raise PlacementError(
                 f"unknown node group {label!r}",
+                where=where,
                 expected="one of " + ", ".join(repr(name) for name in self.node_groups),
             ) from None
 
-    def resources(self, labels: Sequence[str], as_nodes: bool = False) -> ResourcePool:
-        """The numbered resources of one or more node groups (concatenated in the order given)."""
+    def resources(
+        self, labels: Sequence[str], as_nodes: bool = False, where: str | None = None
+    ) -> ResourcePool:
+        """The numbered resources of one or more node groups (concatenated in the order given);
+        errors are attributed to ``where``."""
         key = (tuple(labels), as_nodes)
-        pool = self._pools.get(key)
-        if pool is None:
-            groups = [self.node_group(label) for label in labels]
-            pool = build_pool(self.nodes, groups, as_nodes)
-            self._pools[key] = pool
-        return pool
-
-    @cached_property
-    def _pools(self) -> dict[tuple[tuple[str, ...], bool], ResourcePool]:
-        return {}
+        if key not in self._pools:
+            try:
+                groups = [self.node_group(label) for label in labels]
+                self._pools[key] = build_pool(self.nodes, groups, as_nodes)
+            except PlacementError as error:
+                raise error.within(where) from None
+        return self._pools[key]
 
     def check_accelerators_per_node(self, expected: int | None) -> None:
         """RLinf's ``cluster.num_gpus_per_node``: every node must have that many accelerators
@@ -117,48 +121,37 @@ class ClusterSpec:
         group = self.node_groups.get(placement.node_group_label)
         if group is None or placement.hardware_type != group.hardware_type:
             return ()
-        units = group.units_on(placement.cluster_node_rank)
+        units = [unit for unit in group.hardware if unit.node_rank == placement.cluster_node_rank]
         return tuple(units[index] for index in placement.local_hardware_ranks)
 
     def describe(self) -> str:
         """One line, e.g. ``2 nodes, 16 GPU`` — for headers and error messages."""
-        kinds: dict[str, int] = {}
+        kinds: Counter[str] = Counter()
         for node in self.nodes:
-            if node.num_accelerators:
-                kinds[node.accelerator_type] = kinds.get(node.accelerator_type, 0) + node.num_accelerators
+            kinds[node.accelerator_type] += node.num_accelerators
         parts = [f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"]
-        parts += [f"{count} {kind}" for kind, count in kinds.items()]
+        parts += [f"{count} {kind}" for kind, count in kinds.items() if count]
         for group in self.node_groups.values():
             if group.hardware_type and group.hardware:
                 parts.append(f"{len(group.hardware)} {group.hardware_type} ({group.label})")
         return ", ".join(parts)
 
 
-def _checked_count(value: Any, where: str) -> int:
-    count = require_int(value, where)
-    if count > MAX_ACCELERATORS_PER_NODE:
+def _accelerator_counts(per_node: int | Sequence[int], num_nodes: int) -> list[int]:
+    where, most = "accelerators per node", MAX_ACCELERATORS_PER_NODE
+    if isinstance(per_node, int) and not isinstance(per_node, bool):
+        return [require_int(per_node, where, maximum=most)] * num_nodes
+    if not isinstance(per_node, (list, tuple)):
         raise PlacementError(
-            f"{count} accelerators on one node",
+            f"expected an int or a list of ints, got {per_node!r}",
             where=where,
-            expected=f"at most {MAX_ACCELERATORS_PER_NODE:,} accelerators per node",
-        )
-    return count
-
-
-def _accelerator_counts(accelerators_per_node: int | Sequence[int], num_nodes: int) -> list[int]:
-    if isinstance(accelerators_per_node, int) and not isinstance(accelerators_per_node, bool):
-        return [_checked_count(accelerators_per_node, "accelerators per node")] * num_nodes
-    if not isinstance(accelerators_per_node, (list, tuple)):
-        raise PlacementError(
-            f"expected an int or a list of ints, got {accelerators_per_node!r}",
-            where="accelerators per node",
             expected="one int for all nodes, or one count per node",
         )
-    counts = [_checked_count(count, "accelerators per node") for count in accelerators_per_node]
+    counts = [require_int(count, where, maximum=most) for count in per_node]
     if len(counts) != num_nodes:
         raise PlacementError(
             f"{len(counts)} accelerator counts for {num_nodes} nodes",
-            where="accelerators per node",
+            where=where,
             expected=f"one int for all nodes, or exactly {num_nodes} counts (cluster.num_nodes)",
         )
     return counts

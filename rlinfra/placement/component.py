@@ -64,16 +64,13 @@ class ComponentPlacement:
                 expected="a mapping such as {actor: '0-7'}",
             )
         self._strategies: dict[str, PlacementStrategy] = {}
-        self._placements: dict[str, list[Placement]] = {}
         self._entries: dict[str, ComponentConfig] = {}
         with gc_paused():
             for entry in self.config.components:
                 strategy = self._resolve(entry)
-                placements = strategy.get_placement(self.cluster_spec)
-                self._check_constraints(strategy, placements, entry.key)
+                self._check_constraints(strategy, strategy.get_placement(self.cluster_spec), entry.key)
                 for name in entry.names:
                     self._strategies[name] = strategy
-                    self._placements[name] = placements
                     self._entries[name] = entry
 
     def _parse(self, section: Any, cluster: Any) -> ClusterConfig:
@@ -104,7 +101,7 @@ class ComponentPlacement:
         return self._strategies[self._known(name)]
 
     def get_world_size(self, name: str) -> int:
-        return len(self._placements[self._known(name)])
+        return self.get_strategy(name).world_size
 
     def get_placements(self, name: str, isolate_accelerator: bool = True) -> list[Placement]:
         """Shortcut for ``get_strategy(name).get_placement(cluster, isolate_accelerator)``."""
@@ -119,14 +116,12 @@ class ComponentPlacement:
 
     def get_hardware_ranks(self, name: str) -> list[int]:
         """The resource ranks the component uses, ascending, each once (RLinf's name)."""
-        ranks: dict[int, None] = {}
-        for placement in self._placements[self._known(name)]:
-            ranks.update(dict.fromkeys(placement.hardware_ranks))
-        return sorted(ranks)
+        placements = self.get_placements(name)
+        return sorted({rank for placement in placements for rank in placement.hardware_ranks})
 
     def get_num_cpus(self, name: str) -> float | None:
         """The component's ``num_cpus`` per process, or None for the default rule."""
-        return self._entries[self._known(name)].num_cpus
+        return self.get_strategy(name).num_cpus
 
     def get_env_vars(self, name: str) -> EnvVars:
         """The component's own ``env_vars`` (its node groups' ``env_configs`` are separate)."""
@@ -134,8 +129,8 @@ class ComponentPlacement:
 
     def get_process_constraints(self, name: str) -> list[Constraints]:
         """Each rank's constraints: its node group's refined by the component's."""
-        strategy = self.get_strategy(name)
-        return process_constraints(self._placements[name], strategy.constraints, self.group_constraints)
+        constraints = self.get_strategy(name).constraints
+        return process_constraints(self.get_placements(name), constraints, self.group_constraints)
 
     @property
     def group_constraints(self) -> dict[str, Constraints]:
@@ -155,17 +150,9 @@ class ComponentPlacement:
         where = f"component {entry.key!r}" if len(entry.names) == 1 else f"components {entry.key!r}"
         path = f"cluster.component_placement.{entry.key}"
         for label in entry.node_groups:
-            if label not in self.cluster_spec.node_groups:
-                raise PlacementError(
-                    f"unknown node group {label!r}",
-                    where=f"{path}.node_group",
-                    expected="one of " + ", ".join(repr(name) for name in self.cluster_spec.node_groups),
-                )
+            self.cluster_spec.node_group(label, where=f"{path}.node_group")  # known, or an error
         segments = parse_placement(entry.placement, where)
-        try:
-            pool = self.cluster_spec.resources(entry.node_groups)
-        except PlacementError as error:
-            raise error.within(where) from None
+        pool = self.cluster_spec.resources(entry.node_groups, where=where)
         resources = assign_resources(segments, pool, entry.placement, where)
         kind = NodePlacementStrategy if pool.is_node else FlexiblePlacementStrategy
         strategy = kind.from_checked_ranks(resources, entry.node_groups, where)
@@ -180,10 +167,7 @@ class ComponentPlacement:
         check_nodes(strategy.constraints, placements, f"{path}.nodes")
         groups = self.group_constraints
         if any(groups[label] for label in strategy.node_groups):
-            try:
-                process_constraints(placements, strategy.constraints, groups)
-            except PlacementError as error:
-                raise error.within(f"{path}.labels") from None
+            process_constraints(placements, strategy.constraints, groups, where=f"{path}.labels")
 
 
 _PLACEMENT_KEY = "component_placement"
@@ -196,13 +180,7 @@ def _without_placement(section: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _identical(first: Any, second: Any) -> bool:
-    """Equal, in the same order and of the same types throughout: ``True == 1 == 1.0`` in Python
-    but not to the parser, and key order is component order, so plain equality could reuse a
-    config that differs from the one the section given parses to."""
-    if type(first) is not type(second):
-        return False
-    if isinstance(first, Mapping):
-        return list(first) == list(second) and all(_identical(first[key], second[key]) for key in first)
-    if isinstance(first, (list, tuple)):
-        return len(first) == len(second) and all(map(_identical, first, second))
-    return bool(first == second)
+    """Equal, in the same order and of the same types throughout, as their ``repr`` shows:
+    ``True == 1 == 1.0`` in Python but not to the parser, and key order is component order, so
+    plain equality could reuse a config that differs from the one the section given parses to."""
+    return repr(first) == repr(second)

@@ -23,23 +23,25 @@ cluster spec and placement (``node_groups``, ``components``), the runtime (``add
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from rlinfra.placement.config_access import (
     as_mapping,
+    name_list,
     reject_unknown_keys,
     require_int,
+    require_key,
+    require_list,
+    require_number,
     require_str,
-    to_plain,
 )
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
 from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
 from rlinfra.placement.errors import PlacementError, Span
-from rlinfra.placement.grammar import bounded_int
+from rlinfra.placement.grammar import bounded_int, comma_parts
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, parse_node_groups
 from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
 from rlinfra.placement.restart import RestartPolicy, parse_restart
@@ -50,23 +52,6 @@ MAX_ACCELERATORS_PER_NODE = 1024
 DEFAULT_NODE_TIMEOUT_S = 60.0
 DEFAULT_SIMULATED_CPUS = 16  # logical CPUs of a simulated node when simulate_cpus is not given
 
-CLUSTER_FIELDS = (
-    "num_nodes",
-    "num_gpus_per_node",
-    "component_placement",
-    "node_groups",
-    "address",
-    "simulate",
-    "simulate_cpus",
-    "simulate_object_store_mib",
-    "simulate_resources",
-    "simulate_labels",
-    "node_timeout",
-    "secrets",
-    "env_allowlist",
-    "profiling",
-    "auto_scheduler",  # RLinf's; accepted only as false (see _refuse_auto_scheduler)
-)
 COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus", "restart")
 # RLinf's dynamic scheduler (GPUs moved between rollout and training at run time), which rlinfra
 # does not provide: with ``auto_scheduler: false`` and none of its settings, nothing is lost.
@@ -130,6 +115,14 @@ class ClusterConfig:
         return next((entry for entry in self.components if name in entry.names), None)
 
 
+# The section's keys: ClusterConfig's fields as the YAML spells them (``components`` is read from
+# ``component_placement``), and RLinf's ``auto_scheduler``, accepted only as false.
+CLUSTER_FIELDS = (
+    *("component_placement" if field.name == "components" else field.name for field in fields(ClusterConfig)),
+    "auto_scheduler",
+)
+
+
 def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
     """``section`` (a mapping, a ``DictConfig``, or a ``ClusterConfig`` already parsed) checked
     and typed; any problem is a ``PlacementError`` naming the key."""
@@ -138,13 +131,7 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
     raw = as_mapping(section, where)
     _refuse_auto_scheduler(raw, where)
     reject_unknown_keys(raw, CLUSTER_FIELDS, where)
-    num_nodes = require_int(raw.get("num_nodes"), f"{where}.num_nodes", minimum=1)
-    if num_nodes > MAX_NODES:
-        raise PlacementError(
-            f"{num_nodes:,} nodes is too many",
-            where=f"{where}.num_nodes",
-            expected=f"at most {MAX_NODES:,} nodes",
-        )
+    num_nodes = require_int(raw.get("num_nodes"), f"{where}.num_nodes", minimum=1, maximum=MAX_NODES)
     simulate = _simulate(raw.get("simulate"), num_nodes, where)
     if simulate is not None and raw.get("address") is not None:
         raise PlacementError(
@@ -152,6 +139,7 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
             where=f"{where}.simulate",
             expected="simulate (an embedded rehearsal cluster) or address (an existing Ray), not both",
         )
+    timeout = raw.get("node_timeout", DEFAULT_NODE_TIMEOUT_S)
     return ClusterConfig(
         num_nodes=num_nodes,
         num_gpus_per_node=_gpus_per_node(raw.get("num_gpus_per_node"), simulate, where),
@@ -163,9 +151,11 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
         simulate=simulate,
         simulate_cpus=_simulated(raw, "simulate_cpus", simulate, 1, where) or DEFAULT_SIMULATED_CPUS,
         simulate_object_store_mib=_simulated(raw, "simulate_object_store_mib", simulate, 64, where),
-        simulate_resources=_per_node(raw.get("simulate_resources"), simulate, f"{where}.simulate_resources"),
-        simulate_labels=_per_node(raw.get("simulate_labels"), simulate, f"{where}.simulate_labels"),
-        node_timeout=_seconds(raw.get("node_timeout", DEFAULT_NODE_TIMEOUT_S), f"{where}.node_timeout"),
+        simulate_resources=_per_node(raw, "simulate_resources", simulate, where),
+        simulate_labels=_per_node(raw, "simulate_labels", simulate, where),
+        node_timeout=require_number(
+            timeout, f"{where}.node_timeout", "seconds", "a positive number", positive=True
+        ),
         secrets=parse_secret_specs(raw.get("secrets"), f"{where}.secrets"),
         env_allowlist=_allowlist(raw.get("env_allowlist"), f"{where}.env_allowlist"),
         profiling=parse_profiling(raw.get("profiling"), f"{where}.profiling"),
@@ -175,13 +165,8 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
 def cluster_section(cfg: Any) -> Any:
     """The ``cluster`` section of a full config (``cfg.cluster``), unresolved, or the
     ``ClusterConfig`` already parsed from it (``{"cluster": cluster.config}``)."""
-    if isinstance(cfg, Mapping):
-        section = cfg.get("cluster")
-    else:
-        section = getattr(cfg, "cluster", None)
-    if isinstance(section, ClusterConfig):
-        return section
-    if section is None or not isinstance(to_plain(section), Mapping):
+    section = cfg.get("cluster") if isinstance(cfg, Mapping) else getattr(cfg, "cluster", None)
+    if not isinstance(section, (Mapping, ClusterConfig)):  # a DictConfig is a Mapping
         raise PlacementError(
             "the config has no 'cluster' section",
             where="cfg.cluster",
@@ -196,15 +181,9 @@ def cluster_section(cfg: Any) -> Any:
 def parse_components(raw: Any, num_nodes: int, where: str) -> tuple[ComponentConfig, ...]:
     """Each key of ``component_placement`` (empty when the section is absent: a cluster may be
     started before anything is placed; ``ComponentPlacement`` insists on at least one)."""
-    raw = to_plain(raw)
     if raw is None:
         return ()
-    if not isinstance(raw, Mapping):
-        raise PlacementError(
-            f"expected a mapping, got {type(raw).__name__}",
-            where=where,
-            expected="a mapping such as {actor: '0-7'}",
-        )
+    raw = as_mapping(raw, where, expected="a mapping such as {actor: '0-7'}")
     entries: list[ComponentConfig] = []
     placed: set[str] = set()
     for key, value in raw.items():
@@ -222,41 +201,26 @@ def parse_components(raw: Any, num_nodes: int, where: str) -> tuple[ComponentCon
 
 
 def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> ComponentConfig:
-    names = _component_names(key)
-    node_group: Any = CLUSTER_GROUP
-    env_vars, constraints, num_cpus, restart = NO_ENV_VARS, NO_CONSTRAINTS, None, None
-    if isinstance(value, Mapping):
-        reject_unknown_keys(value, COMPONENT_FIELDS, path)
-        if "placement" not in value:
-            raise PlacementError(
-                "missing 'placement'", where=path, expected="placement: a string such as '0-7'"
-            )
-        node_group = value.get("node_group", CLUSTER_GROUP)
-        env_vars = parse_env_vars(value.get("env_vars"), f"{path}.env_vars")
-        constraints = parse_constraints(value.get("constraints"), f"{path}.constraints", num_nodes)
-        num_cpus = _cpus(value.get("num_cpus"), f"{path}.num_cpus")
-        restart = parse_restart(value.get("restart"), f"{path}.restart")
-        value = value["placement"]
-    text = _placement_text(value, path)
-    labels = _node_group_labels(node_group, f"{path}.node_group")
-    return ComponentConfig(key, names, labels, text, env_vars, constraints, num_cpus, restart)
-
-
-def _component_names(key: str) -> tuple[str, ...]:
-    names = [name.strip() for name in key.split(",")]
-    if any(not name for name in names):
-        raise PlacementError(
-            f"empty component name in {key!r}",
-            where="cluster.component_placement",
-            expected="component names separated by single commas, e.g. 'actor,inference'",
+    names = name_list(key, "cluster.component_placement", "component name")
+    if not isinstance(value, Mapping):
+        return ComponentConfig(key, names, (CLUSTER_GROUP,), _placement_text(value, path))
+    reject_unknown_keys(value, COMPONENT_FIELDS, path)
+    placement = require_key(value, "placement", path, "placement: a string such as '0-7'")
+    cpus = value.get("num_cpus")
+    if cpus is not None:
+        cpus = require_number(
+            cpus, f"{path}.num_cpus", "a number of CPUs", "a number >= 0 (CPUs per process)"
         )
-    if len(set(names)) != len(names):
-        raise PlacementError(
-            f"a component is named twice in {key!r}",
-            where="cluster.component_placement",
-            expected="each component once",
-        )
-    return tuple(names)
+    return ComponentConfig(
+        key,
+        names,
+        name_list(value.get("node_group", CLUSTER_GROUP), f"{path}.node_group", "node group label"),
+        _placement_text(placement, path),
+        parse_env_vars(value.get("env_vars"), f"{path}.env_vars"),
+        parse_constraints(value.get("constraints"), f"{path}.constraints", num_nodes),
+        cpus,
+        parse_restart(value.get("restart"), f"{path}.restart"),
+    )
 
 
 def _placement_text(value: Any, where: str) -> str:
@@ -267,46 +231,6 @@ def _placement_text(value: Any, where: str) -> str:
             expected="a string such as '0-7' or '0-3:0-7', or a mapping {node_group, placement}",
         )
     return str(value)
-
-
-def _node_group_labels(value: Any, where: str) -> tuple[str, ...]:
-    """``node_group`` as one label, a comma-separated string, or a YAML list of labels (YAML reads
-    ``node_group: 4090`` as an int, so integers are labels too)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        labels: list[Any] = [str(value)]
-    elif isinstance(value, str):
-        labels = [label.strip() for label in value.split(",")]
-    elif isinstance(value, (list, tuple)) and value:
-        labels = [str(label).strip() if isinstance(label, (str, int)) else label for label in value]
-    else:
-        raise PlacementError(
-            f"expected node group label(s), got {value!r}",
-            where=where,
-            expected="a label, 'a,b', or a YAML list of labels",
-        )
-    for label in labels:
-        if not isinstance(label, str) or not label or isinstance(label, bool):
-            raise PlacementError(
-                f"bad node group label {label!r} in {value!r}",
-                where=where,
-                expected="non-empty labels separated by commas",
-            )
-    if len(set(labels)) != len(labels):
-        raise PlacementError(f"a node group is listed twice in {value!r}", where=where)
-    return tuple(labels)
-
-
-def _cpus(value: Any, where: str) -> float | None:
-    if value is None:
-        return None
-    valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not valid or value < 0:
-        raise PlacementError(
-            f"expected a number of CPUs, got {value!r}",
-            where=where,
-            expected="a number >= 0 (CPUs per process)",
-        )
-    return float(value)
 
 
 # ------------------------------------------------------------------------------- the other keys
@@ -348,8 +272,7 @@ def _counts_from_text(text: str, where: str, expected: str) -> list[int]:
             )
         return [per_node] * (MAX_NODES + 1 if num_nodes is None else min(num_nodes, MAX_NODES + 1))
     counts = []
-    offset = 0
-    for part in text.split(","):
+    for part, offset in comma_parts(text):
         count = bounded_int(part) if _COUNT.fullmatch(part) else None
         if count is None:
             start = offset + len(part) - len(part.lstrip())
@@ -361,12 +284,10 @@ def _counts_from_text(text: str, where: str, expected: str) -> list[int]:
                 expected=expected,
             )
         counts.append(count)
-        offset += len(part) + 1
     return counts
 
 
 def _simulate(value: Any, num_nodes: int, where: str) -> tuple[int, ...] | None:
-    value = to_plain(value)
     if value is None:
         return None
     counts = parse_nodes_spec(value, f"{where}.simulate")
@@ -380,22 +301,20 @@ def _simulate(value: Any, num_nodes: int, where: str) -> tuple[int, ...] | None:
     return tuple(counts)
 
 
-def _per_node(value: Any, simulate: tuple[int, ...] | None, where: str) -> tuple[dict[str, Any], ...] | None:
+def _per_node(
+    raw: Mapping[str, Any], key: str, simulate: tuple[int, ...] | None, where: str
+) -> tuple[dict[str, Any], ...] | None:
     """``simulate_resources`` / ``simulate_labels``: one mapping per simulated node."""
-    value = to_plain(value)
-    if value is None:
+    value = _simulate_setting(raw, key, simulate, where)
+    if value is None or simulate is None:
         return None
-    if simulate is None:
-        raise PlacementError(
-            "only used with cluster.simulate", where=where, expected="cluster.simulate as well"
-        )
     if not isinstance(value, list) or len(value) != len(simulate):
         raise PlacementError(
             "expected one mapping per simulated node",
-            where=where,
+            where=f"{where}.{key}",
             expected=f"a list of {len(simulate)} mappings",
         )
-    return tuple(dict(as_mapping(entry or {}, f"{where}[{index}]")) for index, entry in enumerate(value))
+    return tuple(as_mapping(entry or {}, f"{where}.{key}[{index}]") for index, entry in enumerate(value))
 
 
 def _refuse_auto_scheduler(raw: Mapping[str, Any], where: str) -> None:
@@ -427,46 +346,27 @@ def _gpus_per_node(value: Any, simulate: tuple[int, ...] | None, where: str) -> 
 
 
 def _simulated(raw: Mapping[str, Any], key: str, simulate: Any, minimum: int, where: str) -> int | None:
-    """A ``simulate_*`` size: refused without ``simulate``, where nothing would use it."""
+    """A ``simulate_*`` size."""
+    value = _simulate_setting(raw, key, simulate, where)
+    return None if value is None else require_int(value, f"{where}.{key}", minimum=minimum)
+
+
+def _simulate_setting(raw: Mapping[str, Any], key: str, simulate: Any, where: str) -> Any:
+    """A ``simulate_*`` key: refused without ``simulate``, where nothing would use it."""
     value = raw.get(key)
-    if value is None:
-        return None
-    if simulate is None:
+    if value is not None and simulate is None:
         raise PlacementError(
             "only used with cluster.simulate", where=f"{where}.{key}", expected="cluster.simulate as well"
         )
-    return require_int(value, f"{where}.{key}", minimum=minimum)
+    return value
 
 
 def _optional_str(value: Any, where: str) -> str | None:
     return None if value is None else require_str(value, where)
 
 
-def _seconds(value: Any, where: str) -> float:
-    valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not valid or value <= 0:
-        raise PlacementError(f"expected seconds, got {value!r}", where=where, expected="a positive number")
-    return float(value)
-
-
 def _allowlist(value: Any, where: str) -> tuple[str, ...]:
-    value = to_plain(value)
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
-        raise PlacementError(
-            "expected a list of variable names", where=where, expected="e.g. [WANDB_PROJECT, 'MY_*']"
-        )
-    return tuple(item.strip() for item in value)
-
-
-__all__ = [
-    "CLUSTER_FIELDS",
-    "COMPONENT_FIELDS",
-    "ClusterConfig",
-    "ComponentConfig",
-    "cluster_section",
-    "parse_cluster_config",
-    "parse_components",
-    "parse_nodes_spec",
-]
+    names = require_list(value, where, "variable names or patterns, e.g. [WANDB_PROJECT, 'MY_*']")
+    return tuple(require_str(name, f"{where}[{index}]") for index, name in enumerate(names))

@@ -8,12 +8,15 @@ a ``PlacementError`` that names the config path instead of an ``AttributeError``
 from __future__ import annotations
 
 import difflib
+import math
+import posixpath
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlinfra.placement.errors import PlacementError
-from rlinfra.placement.grammar import ALL, parse_rank_range
+from rlinfra.placement.errors import PlacementError, Span
+from rlinfra.placement.grammar import ALL, comma_parts, parse_rank_range
 
 
 def to_plain(value: Any) -> Any:
@@ -38,24 +41,24 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-def as_mapping(cluster_cfg: Any, where: str = "cluster") -> dict[str, Any]:
+def as_mapping(section: Any, where: str = "cluster", expected: str = "a YAML mapping") -> dict[str, Any]:
     """A config section as a plain dict, or a ``PlacementError`` naming it."""
-    plain = to_plain(cluster_cfg)
+    plain = to_plain(section)
     if not isinstance(plain, Mapping):
         raise PlacementError(
-            f"expected a mapping, got {type(plain).__name__}", where=where, expected="a YAML mapping"
+            f"expected a mapping, got {type(plain).__name__}", where=where, expected=expected
         )
     return dict(plain)
 
 
-def require_int(value: Any, where: str, minimum: int = 0) -> int:
-    """An integer field (bools are not integers here), at least ``minimum``."""
+def require_int(value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer field (bools are not integers here), at least ``minimum``, at most ``maximum``."""
+    expected = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum:,}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PlacementError(
-            f"expected an integer, got {value!r}", where=where, expected=f"an integer >= {minimum}"
-        )
-    if value < minimum:
-        raise PlacementError(f"{value} is too small", where=where, expected=f"an integer >= {minimum}")
+        raise PlacementError(f"expected an integer, got {value!r}", where=where, expected=expected)
+    if value < minimum or (maximum is not None and value > maximum):
+        size = "small" if value < minimum else "large"
+        raise PlacementError(f"{value:,} is too {size}", where=where, expected=expected)
     return value
 
 
@@ -65,11 +68,90 @@ def require_str(value: Any, where: str) -> str:
     return value.strip()
 
 
+def require_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise PlacementError(f"expected true or false, got {value!r}", where=where)
+    return value
+
+
+def require_number(value: Any, where: str, what: str, expected: str, positive: bool = False) -> float:
+    """A finite number (bools are not numbers here) of at least 0, or more than 0 if ``positive``."""
+    valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not valid or value < 0 or (positive and value == 0):
+        raise PlacementError(f"expected {what}, got {value!r}", where=where, expected=expected)
+    return float(value)
+
+
+def require_list(value: Any, where: str, expected: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise PlacementError(f"expected a list, got {type(value).__name__}", where=where, expected=expected)
+    return value
+
+
+def require_key(section: Mapping[str, Any], key: str, where: str, expected: str) -> Any:
+    if key not in section:
+        raise PlacementError(f"missing {key!r}", where=where, expected=expected)
+    return section[key]
+
+
+def absolute_path(value: Any, where: str, expected: str) -> str | None:
+    """A path read on other machines (the nodes), where a relative one would name another file."""
+    if value is None:
+        return None
+    path = require_str(value, where)
+    if not posixpath.isabs(path):
+        raise PlacementError(
+            f"the path {path!r} is relative",
+            where=where,
+            text=path,
+            span=Span(0, len(path)),
+            expected=expected,
+        )
+    return path
+
+
+def name_list(value: Any, where: str, what: str) -> tuple[str, ...]:
+    """Names written as one string (commas separate several) or a YAML list, each non-empty and
+    given once. YAML reads ``node_group: 4090`` as an int, so integers are names too."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise PlacementError(
+            f"expected {what}s, got {value!r}",
+            where=where,
+            expected=f"a {what}, 'a,b', or a YAML list of them",
+        )
+    names = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)) or not str(item).strip():
+            raise PlacementError(
+                f"bad {what} {item!r} in {value!r}",
+                where=where,
+                expected=f"non-empty {what}s separated by single commas",
+            )
+        names.append(str(item).strip())
+    if len(set(names)) != len(names):
+        raise PlacementError(
+            f"a {what} is listed twice in {value!r}", where=where, expected=f"each {what} once"
+        )
+    return tuple(names)
+
+
 def did_you_mean(key: str, allowed: Sequence[str]) -> str:
     """``"did you mean 'node_groups'?"`` for the valid name nearest to ``key``, else ``""``: the
     one typo hint of every config error, rlinfra's sections and a job's alike."""
     nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
     return f"did you mean {nearest[0]!r}?" if nearest else ""
+
+
+def as_section(
+    raw: Any, allowed: Sequence[str], where: str, expected: str = "a YAML mapping"
+) -> dict[str, Any]:
+    """A config mapping whose keys are all among ``allowed``."""
+    section = as_mapping(raw, where, expected)
+    reject_unknown_keys(section, allowed, where)
+    return section
 
 
 def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
@@ -97,12 +179,6 @@ def parse_rank_list(
     ``0-100000000000`` is an error rather than a hang. Messages name the list item, never echo
     the whole list (a 4,000-node list would bury the problem).
     """
-    if isinstance(value, bool) or value is None:
-        raise PlacementError(
-            f"expected node ranks, got {value!r}",
-            where=where,
-            expected="an int, a range string such as '0-3,6', or a list of them",
-        )
     if isinstance(value, str) and value.strip().lower() == ALL:
         return list(all_ranks) if all_ranks is not None else list(range(num_nodes))
     items = value if isinstance(value, (list, tuple)) else [value]
@@ -113,18 +189,14 @@ def parse_rank_list(
     for index, item in enumerate(items):
         item_where = f"{where}[{index}]" if isinstance(value, (list, tuple)) else where
         if isinstance(item, int) and not isinstance(item, bool):
-            if require_int(item, item_where) >= num_nodes:
-                raise PlacementError(f"node rank {item} does not exist", where=item_where, expected=within)
-            ranks.append(item)
-            continue
+            item = str(require_int(item, item_where))  # read as the range it is, checked below
         if not isinstance(item, str):
             raise PlacementError(
-                f"expected a rank or a range string, got {item!r}",
+                f"expected node ranks, got {item!r}",
                 where=item_where,
-                expected="an int or a string such as '0-3'",
+                expected="an int, a range string such as '0-3,6', or a list of them",
             )
-        offset = 0
-        for part in item.split(","):
+        for part, offset in comma_parts(item):
             rank_range = parse_rank_range(item, part, offset, item_where, what="node ranks")
             if rank_range.last >= num_nodes:
                 raise PlacementError(
@@ -135,15 +207,12 @@ def parse_rank_list(
                     expected=within,
                 )
             ranks.extend(range(rank_range.first, rank_range.last + 1))
-            offset += len(part) + 1
-    seen: set[int] = set()
-    for rank in ranks:
-        if rank in seen:
-            raise PlacementError(
-                f"node rank {rank} is listed twice",
-                where=where,
-                text=value if isinstance(value, str) else None,
-                expected="each node rank once",
-            )
-        seen.add(rank)
+    repeated = [rank for rank, count in Counter(ranks).items() if count > 1]
+    if repeated:
+        raise PlacementError(
+            f"node rank {repeated[0]} is listed twice",
+            where=where,
+            text=value if isinstance(value, str) else None,
+            expected="each node rank once",
+        )
     return ranks

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlinfra.placement.config_access import as_mapping, parse_rank_list, reject_unknown_keys, require_str
+from rlinfra.placement.config_access import as_mapping, as_section, parse_rank_list, require_str
 from rlinfra.placement.errors import PlacementError, short_ranks
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 
@@ -46,10 +46,6 @@ class Constraints:
         """A node group's constraints narrowed by a component's: both sets of labels must hold
         (a key with two values is an error — no node could carry both); for a resource both
         name, the component's amount wins."""
-        if not other:
-            return self
-        if not self:
-            return other
         labels = dict(self.labels)
         for key, value in other.labels:
             if labels.get(key, value) != value:
@@ -83,8 +79,7 @@ def parse_constraints(raw: Any, where: str, num_nodes: int, allow_nodes: bool = 
     group's nodes are its ``node_ranks`` already)."""
     if raw is None:
         return NO_CONSTRAINTS
-    section = as_mapping(raw, where)
-    reject_unknown_keys(section, _FIELDS if allow_nodes else _FIELDS[1:], where)
+    section = as_section(raw, _FIELDS if allow_nodes else _FIELDS[1:], where)
     nodes = None
     if section.get("nodes") is not None:
         nodes = tuple(sorted(parse_rank_list(section["nodes"], f"{where}.nodes", num_nodes)))
@@ -155,17 +150,17 @@ def check_nodes(constraints: Constraints, placements: Sequence[Placement], where
 
 
 def process_constraints(
-    placements: Sequence[Placement], component: Constraints, group_constraints: Mapping[str, Constraints]
+    placements: Sequence[Placement],
+    component: Constraints,
+    group_constraints: Mapping[str, Constraints],
+    where: str | None = None,
 ) -> list[Constraints]:
     """The constraints of each process: its node group's (``group_constraints``: label →
-    constraints), refined by its component's."""
-    by_label: dict[str, Constraints] = {}
-    result = []
-    for placement in placements:
-        label = placement.node_group_label
-        merged = by_label.get(label)
-        if merged is None:
-            base = group_constraints.get(label, NO_CONSTRAINTS)
-            merged = by_label[label] = base.refined_by(component, f"node group {label!r}")
-        result.append(merged)
-    return result
+    constraints), refined by its component's; a conflict names ``where``, by default the group."""
+    by_label = {
+        label: group_constraints.get(label, NO_CONSTRAINTS).refined_by(
+            component, where or f"node group {label!r}"
+        )
+        for label in dict.fromkeys(placement.node_group_label for placement in placements)
+    }
+    return [by_label[placement.node_group_label] for placement in placements]

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from rlinfra.placement.config_access import as_mapping
+from rlinfra.placement.config_access import as_mapping, require_bool
 from rlinfra.placement.errors import PlacementError
 
 # Variables whose value is a list of directories: layers prepend to them instead of replacing them.
@@ -30,6 +30,7 @@ _POINTER_SUFFIXES = ("PATH", "FILE", "DIR", "HOME")
 _SWITCH_VALUES = frozenset({"", "0", "1", "true", "false", "yes", "no", "on", "off", "none"})
 URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*:[^/@\s]+@")
 _NAME_PARTS = re.compile(r"[^A-Za-z0-9]+")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a portable environment variable name
 
 SECRETS_HINT = (
     "pass it as a secret instead: cluster.secrets: {{{name}: {{from_env: {name}}}}} (or from_file: PATH); "
@@ -113,11 +114,8 @@ def refuse_credential(name: str, value: str, where: str) -> None:
 def merge_paths(higher: str, lower: str | None) -> str:
     """``higher``'s entries, then ``lower``'s that are new; empty entries are dropped (an empty
     ``PYTHONPATH`` entry would mean the working directory)."""
-    entries: list[str] = []
-    for entry in (*higher.split(PATH_SEPARATOR), *(lower or "").split(PATH_SEPARATOR)):
-        if entry and entry not in entries:
-            entries.append(entry)
-    return PATH_SEPARATOR.join(entries)
+    entries = [*higher.split(PATH_SEPARATOR), *(lower or "").split(PATH_SEPARATOR)]
+    return PATH_SEPARATOR.join(dict.fromkeys(entry for entry in entries if entry))
 
 
 def parse_env_vars(raw: Any, where: str) -> EnvVars:
@@ -125,44 +123,31 @@ def parse_env_vars(raw: Any, where: str) -> EnvVars:
     ``{value: ..., merge: false}`` for a path-like variable that should overwrite."""
     if raw is None:
         return NO_ENV_VARS
-    items: list[tuple[Any, Any]] = []
-    if isinstance(raw, Mapping):
-        items = list(raw.items())
-    elif isinstance(raw, list):
-        for index, entry in enumerate(raw):
-            items.extend(as_mapping(entry, f"{where}[{index}]").items())
+    if isinstance(raw, list):
+        entries = [as_mapping(entry, f"{where}[{index}]") for index, entry in enumerate(raw)]
     else:
-        raise PlacementError(
-            f"expected a mapping, got a {type(raw).__name__}", where=where, expected="NAME: value pairs"
-        )
+        entries = [as_mapping(raw, where, expected="NAME: value pairs")]
+    items = [item for entry in entries for item in entry.items()]
     env: dict[str, str] = {}
-    replace: set[str] = set()
+    merges: dict[str, bool] = {}  # a name given twice: the later entry wins, merge included
     for name, value in items:
         if not isinstance(name, str) or not name or "=" in name:
             raise PlacementError(f"bad variable name {name!r}", where=where)
-        text, merge = _value_and_merge(name, value, where)
-        refuse_credential(name, text, where)
-        env[name] = text
-        if merge:
-            replace.discard(name)
-        else:
-            replace.add(name)
-    return EnvVars(env, replace)
+        env[name], merges[name] = _value_and_merge(name, value, where)
+        refuse_credential(name, env[name], where)
+    return EnvVars(env, replace=[name for name, merge in merges.items() if not merge])
 
 
 def _value_and_merge(name: str, value: Any, where: str) -> tuple[str, bool]:
     expected = "a string or number, or {value: ..., merge: false} for " + "/".join(sorted(PATH_VARIABLES))
+    merge = True
     if isinstance(value, Mapping) and "value" in value and set(value) <= {"value", "merge"}:
-        merge = value.get("merge", True)
-        if not isinstance(merge, bool):
-            raise PlacementError(f"variable {name!r}: merge must be true or false", where=where)
+        merge = require_bool(value.get("merge", True), f"{where}.{name}.merge")
         if "merge" in value and name not in PATH_VARIABLES:
             raise PlacementError(
                 f"variable {name!r} is not path-like, so it cannot merge", where=where, expected=expected
             )
         value = value["value"]
-    else:
-        merge = True
     if isinstance(value, (Mapping, list)) or value is None:
         raise PlacementError(f"variable {name!r} has no scalar value", where=where, expected=expected)
     return str(value), merge

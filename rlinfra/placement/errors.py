@@ -8,7 +8,8 @@ or config path), *what* (the offending text, with a caret line under it when it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, replace
+from itertools import groupby
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class Span:
     end: int
 
 
+@dataclass(eq=False, repr=False)
 class PlacementError(ValueError):
     """A placement or cluster description that cannot be honoured.
 
@@ -27,25 +29,18 @@ class PlacementError(ValueError):
     marks the offending part of it, ``expected`` says what would have been accepted.
     """
 
-    def __init__(
-        self,
-        problem: str,
-        *,
-        where: str | None = None,
-        text: str | None = None,
-        span: Span | None = None,
-        expected: str | None = None,
-    ) -> None:
-        self.problem = problem
-        self.where = where
-        self.text = text
-        self.span = span
-        self.expected = expected
+    problem: str
+    _: KW_ONLY
+    where: str | None = None
+    text: str | None = None
+    span: Span | None = None
+    expected: str | None = None
+
+    def __post_init__(self) -> None:
         super().__init__(self._render())
 
     def _render(self) -> str:
-        head = f"{self.where}: {self.problem}" if self.where else self.problem
-        lines = [head]
+        lines = [f"{self.where}: {self.problem}" if self.where else self.problem]
         if self.text is not None:
             label = "  in: "
             # Tabs, newlines and other control characters would break the line or shift the caret
@@ -59,26 +54,20 @@ class PlacementError(ValueError):
             lines.append(f"  expected: {self.expected}")
         return "\n".join(lines)
 
-    def within(self, where: str) -> PlacementError:
+    def within(self, where: str | None) -> PlacementError:
         """The same error, attributed to ``where`` (used when a helper did not know its caller)."""
-        return PlacementError(
-            self.problem, where=where, text=self.text, span=self.span, expected=self.expected
-        )
+        return replace(self, where=where)
 
 
 def short_ranks(ranks: list[int] | tuple[int, ...], limit: int = 6) -> str:
     """Render a rank list compactly (``0-7,9``), cut short on big clusters."""
     if not ranks:
         return "(none)"
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in ranks[1:]:
-        if r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        start = prev = r
-    parts.append(f"{start}-{prev}" if prev > start else str(start))
+    parts = []
+    # Consecutive ranks share ``rank - index``: each group is one run.
+    for _, run in groupby(enumerate(ranks), key=lambda pair: pair[1] - pair[0]):
+        members = [rank for _, rank in run]
+        parts.append(f"{members[0]}-{members[-1]}" if len(members) > 1 else str(members[0]))
     if len(parts) > limit:
         return ",".join(parts[:limit]) + f",… ({len(ranks)} in all)"
     return ",".join(parts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import accumulate
 
 from rlinfra.placement.errors import PlacementError, Span
 
@@ -61,12 +62,14 @@ def parse_placement(text: str, where: str) -> list[Segment]:
             span=Span(0, len(text)),
             expected="resource ranks such as '0-7' or 'all', optionally ':process ranks'",
         )
-    segments: list[Segment] = []
-    offset = 0
-    for raw in text.split(","):
-        segments.append(_parse_segment(text, raw, offset, where))
-        offset += len(raw) + 1
-    return segments
+    return [_parse_segment(text, raw, offset, where) for raw, offset in comma_parts(text)]
+
+
+def comma_parts(text: str) -> list[tuple[str, int]]:
+    """``text`` split at commas, each part with its offset in ``text`` (where its caret goes)."""
+    parts = text.split(",")
+    offsets = accumulate((len(part) + 1 for part in parts[:-1]), initial=0)
+    return list(zip(parts, offsets, strict=True))
 
 
 def _parse_segment(text: str, raw: str, offset: int, where: str) -> Segment:
@@ -103,33 +106,27 @@ def _parse_segment(text: str, raw: str, offset: int, where: str) -> Segment:
 def parse_rank_range(text: str, part: str, offset: int, where: str, what: str) -> RankRange:
     """Read one `a` or `a-b` range from `part`, which starts at `offset` inside `text`."""
     span = _trimmed_span(part, offset)
+    written = part.strip()
+
+    def fail(problem: str, expected: str) -> PlacementError:
+        shown = span if span.end > span.start else Span(offset, offset + 1)
+        return PlacementError(problem, where=where, text=text, span=shown, expected=expected)
+
     match = _RANGE.match(part)
     if match is None:
         hint = "'all', " if what == "resource ranks" else ""
-        raise PlacementError(
-            f"cannot read {what} {part.strip()!r}" if part.strip() else f"missing {what}",
-            where=where,
-            text=text,
-            span=span if span.end > span.start else Span(offset, offset + 1),
-            expected=f"{hint}a non-negative integer 'a' or an inclusive range 'a-b' with a <= b",
+        raise fail(
+            f"cannot read {what} {written!r}" if written else f"missing {what}",
+            f"{hint}a non-negative integer 'a' or an inclusive range 'a-b' with a <= b",
         )
     first = bounded_int(match.group(1))
     last = bounded_int(match.group(2)) if match.group(2) is not None else first
     if first is None or last is None:
-        raise PlacementError(
-            f"{what} {part.strip()!r} is too large",
-            where=where,
-            text=text,
-            span=span,
-            expected=f"numbers of at most {MAX_DIGITS} digits",
-        )
+        raise fail(f"{what} {written!r} is too large", f"numbers of at most {MAX_DIGITS} digits")
     if last < first:
-        raise PlacementError(
-            f"{what} range {part.strip()!r} runs backwards",
-            where=where,
-            text=text,
-            span=span,
-            expected=f"an inclusive range 'a-b' with a <= b (did you mean '{last}-{first}'?)",
+        raise fail(
+            f"{what} range {written!r} runs backwards",
+            f"an inclusive range 'a-b' with a <= b (did you mean '{last}-{first}'?)",
         )
     return RankRange(first, last, span)
 

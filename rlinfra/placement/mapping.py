@@ -85,24 +85,12 @@ def assign_resources(
                 segment.span,
                 "a smaller process range",
             )
-        if _all_nodes(pool, first, last):
-            assigned.extend(_spread_on_nodes(first, num_resources, num_processes, fail, segment))
-        else:
-            assigned.extend(
-                _share_devices(first, num_resources, num_processes, pool, fail, segment, next_process)
-            )
+        assigned.extend(_segment(first, num_resources, num_processes, pool, fail, segment, next_process))
     return assigned
 
 
-def _spread_on_nodes(
-    first: int, num_resources: int, num_processes: int, fail: _Fail, segment: Segment
-) -> list[tuple[int, ...]]:
-    if num_processes < num_resources:
-        raise fail(
-            f"{num_resources} nodes for {num_processes} process(es): a process runs on one node",
-            segment.span,
-            f"at least {num_resources} processes, or fewer nodes",
-        )
+def _spread(first: int, num_resources: int, num_processes: int) -> list[tuple[int, ...]]:
+    """Processes over resources ``first..``, in order, as evenly as possible (earlier ones get one more)."""
     base, extra = divmod(num_processes, num_resources)
     out: list[tuple[int, ...]] = []
     for offset in range(num_resources):
@@ -110,7 +98,7 @@ def _spread_on_nodes(
     return out
 
 
-def _share_devices(
+def _segment(
     first: int,
     num_resources: int,
     num_processes: int,
@@ -119,7 +107,16 @@ def _share_devices(
     segment: Segment,
     first_process: int,
 ) -> list[tuple[int, ...]]:
+    """The resources of one segment's processes, by the node rule or the device rule."""
     kind = pool.kind
+    if _all_nodes(pool, first, first + num_resources - 1):
+        if num_processes < num_resources:
+            raise fail(
+                f"{num_resources} nodes for {num_processes} process(es): a process runs on one node",
+                segment.span,
+                f"at least {num_resources} processes, or fewer nodes",
+            )
+        return _spread(first, num_resources, num_processes)
     if num_processes >= num_resources:
         if num_processes % num_resources:
             raise fail(
@@ -127,11 +124,7 @@ def _share_devices(
                 segment.span,
                 f"a process count that is a multiple or a divisor of {num_resources}",
             )
-        share = num_processes // num_resources
-        out: list[tuple[int, ...]] = []
-        for offset in range(num_resources):
-            out.extend([(first + offset,)] * share)
-        return out
+        return _spread(first, num_resources, num_processes)
     if num_resources % num_processes:
         raise fail(
             f"{num_resources} {kind}s cannot be split evenly among {num_processes} processes",
@@ -139,34 +132,16 @@ def _share_devices(
             f"a process count that is a multiple or a divisor of {num_resources}",
         )
     width = num_resources // num_processes
-    out = []
-    node_of, kind_of = pool.node_of, pool.kind_of
-    for index in range(num_processes):
-        start = first + index * width
-        end = start + width - 1
-        if node_of[start] != node_of[end]:
-            raise fail(
-                f"process {first_process + index} would own {kind}s {start}-{end}, which span "
-                f"nodes {node_of[start]} and {node_of[end]}",
-                segment.resources_span,
-                f"groups of {width} {kind}s that each lie on one node",
-            )
-        mixed = sorted(set(kind_of[start : end + 1]))
-        if len(mixed) > 1:
-            raise fail(
-                f"process {first_process + index} would own resources {start}-{end} of different "
-                f"kinds ({', '.join(mixed)})",
-                segment.resources_span,
-                f"groups of {width} resources of one kind per process",
-            )
-        out.append(tuple(range(start, end + 1)))
+    out = [tuple(range(start, start + width)) for start in range(first, first + num_resources, width)]
+    problem = pool.first_problem(out, first_process)
+    if problem is not None:
+        expected = f"groups of {width} {kind}s that each lie on one node and are of one kind"
+        raise fail(problem[0], segment.resources_span, expected)
     return out
 
 
 def _all_nodes(pool: ResourcePool, first: int, last: int) -> bool:
     """Whether resources ``first..last`` are all whole nodes (they follow the node rule)."""
-    if pool.is_node:
-        return True
     if NODE_KIND not in pool.kinds:
         return False
-    return all(kind == NODE_KIND for kind in pool.kind_of[first : last + 1])
+    return pool.is_node or all(kind == NODE_KIND for kind in pool.kind_of[first : last + 1])

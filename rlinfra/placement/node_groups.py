@@ -19,22 +19,26 @@ environments, executables — and this module reads none of them back.
 
 from __future__ import annotations
 
-import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlinfra.placement.config_access import (
+    absolute_path,
     as_mapping,
+    as_section,
     parse_rank_list,
-    reject_unknown_keys,
+    require_bool,
     require_int,
+    require_key,
+    require_list,
     require_str,
-    to_plain,
 )
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
 from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
-from rlinfra.placement.errors import PlacementError, Span, short_ranks
+from rlinfra.placement.errors import PlacementError, short_ranks
+from rlinfra.placement.grammar import ALL
 
 CLUSTER_GROUP = "cluster"  # every node, its accelerators as resources (the shorthand's group)
 NODE_GROUP = "node"  # every node, the nodes themselves as resources
@@ -102,10 +106,6 @@ class NodeGroup:
                 return config.python_interpreter_path
         return None
 
-    def units_on(self, node_rank: int) -> tuple[HardwareUnit, ...]:
-        """This group's hardware units on ``node_rank``, in local-index order."""
-        return tuple(unit for unit in self.hardware if unit.node_rank == node_rank)
-
 
 def reserved_groups(num_nodes: int) -> dict[str, NodeGroup]:
     """The two groups every cluster has: ``cluster`` (accelerators) and ``node`` (whole nodes)."""
@@ -119,15 +119,9 @@ def reserved_groups(num_nodes: int) -> dict[str, NodeGroup]:
 def parse_node_groups(raw: Any, num_nodes: int, where: str = "cluster.node_groups") -> tuple[NodeGroup, ...]:
     """``cluster.node_groups`` as records, every field checked; labels unique and not reserved,
     and no node's unit of one hardware type in two groups (two processes could drive it)."""
-    raw = to_plain(raw)
     if raw is None:
         return ()
-    if not isinstance(raw, list):
-        raise PlacementError(
-            f"expected a list of node groups, got {type(raw).__name__}",
-            where=where,
-            expected="a YAML list of {label, node_ranks, ...}",
-        )
+    require_list(raw, where, "a YAML list of {label, node_ranks, ...}")
     groups: dict[str, NodeGroup] = {}
     owner_of_units: dict[tuple[int, str], str] = {}
     for index, entry in enumerate(raw):
@@ -168,19 +162,11 @@ def _label_text(value: Any, where: str) -> str:
 
 
 def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
-    section = as_mapping(raw, where)
-    reject_unknown_keys(section, _GROUP_FIELDS, where)
+    section = as_section(raw, _GROUP_FIELDS, where)
     label = _label_text(section.get("label"), f"{where}.label")
-    if "node_ranks" not in section:
-        raise PlacementError(
-            "missing 'node_ranks'", where=where, expected="node_ranks such as '0-1' or 'all'"
-        )
-    node_ranks = tuple(sorted(parse_rank_list(section["node_ranks"], f"{where}.node_ranks", num_nodes)))
-    ignore_hardware = section.get("ignore_hardware", False)
-    if not isinstance(ignore_hardware, bool):
-        raise PlacementError(
-            f"expected true or false, got {ignore_hardware!r}", where=f"{where}.ignore_hardware"
-        )
+    ranks = require_key(section, "node_ranks", where, "node_ranks such as '0-1' or 'all'")
+    node_ranks = tuple(sorted(parse_rank_list(ranks, f"{where}.node_ranks", num_nodes)))
+    ignore_hardware = require_bool(section.get("ignore_hardware", False), f"{where}.ignore_hardware")
     if ignore_hardware and section.get("hardware") is not None:
         raise PlacementError(
             "a node group with ignore_hardware: true cannot declare hardware",
@@ -202,8 +188,7 @@ def _parse_hardware(
 ) -> tuple[str | None, tuple[HardwareUnit, ...]]:
     if raw is None:
         return None, ()
-    section = as_mapping(raw, where)
-    reject_unknown_keys(section, _HARDWARE_FIELDS, where)
+    section = as_section(raw, _HARDWARE_FIELDS, where)
     hardware_type = require_str(section.get("type"), f"{where}.type")
     if hardware_type.lower() == NODE_KIND:
         raise PlacementError(
@@ -217,18 +202,14 @@ def _parse_hardware(
             expected="a list of {node_rank: N, ...} entries, one per unit",
         )
     members = set(node_ranks)
-    per_node: dict[int, list[dict[str, Any]]] = {}
+    units: list[HardwareUnit] = []
+    on_node: Counter[int] = Counter()  # units so far on each node: the next unit's local index
     first_index: dict[tuple[int, str], int] = {}
     for index, entry in enumerate(configs):
         entry_where = f"{where}.configs[{index}]"
         unit = as_mapping(entry, entry_where)
         node_rank = require_int(unit.get("node_rank"), f"{entry_where}.node_rank")
-        if node_rank not in members:
-            raise PlacementError(
-                f"node rank {node_rank} is not in this node group",
-                where=f"{entry_where}.node_rank",
-                expected=f"one of the group's node ranks {short_ranks(node_ranks)}",
-            )
+        _check_members((node_rank,), members, f"{entry_where}.node_rank")
         fields = {key: value for key, value in unit.items() if key != "node_rank"}
         identity = (node_rank, repr(sorted(fields.items(), key=lambda item: str(item[0]))))
         earlier = first_index.setdefault(identity, index)
@@ -239,13 +220,9 @@ def _parse_hardware(
                 where=entry_where,
                 expected="each unit once (units of one node differ in at least one field, e.g. an IP)",
             )
-        per_node.setdefault(node_rank, []).append(fields)
-    units = tuple(
-        HardwareUnit(hardware_type, node_rank, local, fields)
-        for node_rank in sorted(per_node)
-        for local, fields in enumerate(per_node[node_rank])
-    )
-    return hardware_type, units
+        units.append(HardwareUnit(hardware_type, node_rank, on_node[node_rank], fields))
+        on_node[node_rank] += 1
+    return hardware_type, tuple(sorted(units, key=lambda unit: unit.node_rank))
 
 
 def _parse_env_configs(
@@ -253,67 +230,41 @@ def _parse_env_configs(
 ) -> tuple[EnvConfig, ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, list):
-        raise PlacementError("expected a list", where=where, expected="a list of {node_ranks, env_vars, ...}")
+    require_list(raw, where, "a list of {node_ranks, env_vars, ...}")
     members = set(node_ranks)
     configs = []
     interpreter_of: dict[int, tuple[str, int]] = {}
     for index, entry in enumerate(raw):
         entry_where = f"{where}[{index}]"
-        section = as_mapping(entry, entry_where)
-        reject_unknown_keys(section, _ENV_FIELDS, entry_where)
-        ranks = tuple(
-            parse_rank_list(
-                section.get("node_ranks", list(node_ranks)),
-                f"{entry_where}.node_ranks",
-                num_nodes,
-                all_ranks=node_ranks,
-            )
-        )
-        stray = [rank for rank in ranks if rank not in members]
-        if stray:
-            raise PlacementError(
-                f"node rank {stray[0]} is not in this node group",
-                where=f"{entry_where}.node_ranks",
-                expected=f"node ranks among {short_ranks(node_ranks)}",
-            )
+        section = as_section(entry, _ENV_FIELDS, entry_where)
+        given = section.get("node_ranks", ALL)  # by default, every node of the group
+        ranks = tuple(parse_rank_list(given, f"{entry_where}.node_ranks", num_nodes, all_ranks=node_ranks))
+        _check_members(ranks, members, f"{entry_where}.node_ranks")
         env_vars = parse_env_vars(section.get("env_vars"), f"{entry_where}.env_vars")
-        interpreter = _interpreter(
-            section.get("python_interpreter_path"), f"{entry_where}.python_interpreter_path"
+        interpreter = absolute_path(
+            section.get("python_interpreter_path"),
+            f"{entry_where}.python_interpreter_path",
+            expected="an absolute path such as /opt/venv/bin/python, valid on every node it covers",
         )
-        if interpreter is not None:
-            _check_one_interpreter(interpreter_of, ranks, interpreter, index, entry_where)
+        if interpreter is not None:  # entries may overlap and layer variables; a process has one interpreter
+            for rank in ranks:
+                earlier = interpreter_of.setdefault(rank, (interpreter, index))
+                if earlier[0] != interpreter:
+                    raise PlacementError(
+                        f"node {rank} gets python_interpreter_path {earlier[0]!r} from entry {earlier[1]} "
+                        f"and {interpreter!r} from entry {index}",
+                        where=f"{entry_where}.python_interpreter_path",
+                        expected="one interpreter per node in a node group",
+                    )
         configs.append(EnvConfig(ranks, env_vars, interpreter))
     return tuple(configs)
 
 
-def _interpreter(value: Any, where: str) -> str | None:
-    """An absolute interpreter path: a relative one would name a different file on every node
-    (each worker starts in its own directory)."""
-    if value is None:
-        return None
-    path = require_str(value, where)
-    if not os.path.isabs(path):
+def _check_members(ranks: tuple[int, ...], members: set[int], where: str) -> None:
+    stray = [rank for rank in ranks if rank not in members]
+    if stray:
         raise PlacementError(
-            f"python_interpreter_path {path!r} is relative",
+            f"node rank {stray[0]} is not in this node group",
             where=where,
-            text=path,
-            span=Span(0, len(path)),
-            expected="an absolute path such as /opt/venv/bin/python, valid on every node it covers",
+            expected=f"node ranks among {short_ranks(sorted(members))}",
         )
-    return path
-
-
-def _check_one_interpreter(
-    interpreter_of: dict[int, tuple[str, int]], ranks: tuple[int, ...], path: str, index: int, where: str
-) -> None:
-    """Overlapping ``env_configs`` entries may layer variables, but a process has one interpreter."""
-    for rank in ranks:
-        earlier = interpreter_of.setdefault(rank, (path, index))
-        if earlier[0] != path:
-            raise PlacementError(
-                f"node {rank} gets python_interpreter_path {earlier[0]!r} from entry {earlier[1]} "
-                f"and {path!r} from entry {index}",
-                where=f"{where}.python_interpreter_path",
-                expected="one interpreter per node in a node group",
-            )

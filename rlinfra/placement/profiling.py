@@ -32,15 +32,22 @@ set ``output_dir``), and credential-like values (``py_executable`` is recorded b
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rlinfra.placement.config_access import as_mapping, reject_unknown_keys, require_str, to_plain
-from rlinfra.placement.env_vars import refuse_credential
+from rlinfra.placement.config_access import (
+    absolute_path,
+    as_mapping,
+    reject_unknown_keys,
+    require_bool,
+    require_key,
+    require_list,
+    require_str,
+)
+from rlinfra.placement.env_vars import ENV_NAME, refuse_credential
 from rlinfra.placement.errors import PlacementError
 
 NSIGHT = "nsight"
@@ -54,7 +61,6 @@ _BACKEND_FIELDS = {NSIGHT: ("options", "flags"), ROCPROF_SYS: ("args", "env")}
 _NSIGHT_OUTPUT_OPTIONS = ("o", "output")
 _ROCPROF_OUTPUT_ENV = ("ROCPROFSYS_OUTPUT_PATH", "ROCPROFSYS_OUTPUT_PREFIX")
 _OPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE_IN_FILE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -95,17 +101,14 @@ class ProfilingConfig:
         """The command that runs ``python`` (then the script and arguments Ray appends) under the
         profiler, writing its report to ``report_prefix``."""
         if self.backend == NSIGHT:
-            return ("nsys", "profile", *self._nsight_options(), "-o", report_prefix, python)
+            flags = tuple(f"-{flag}" if len(flag) == 1 else f"--{flag}" for flag in self.flags)
+            return ("nsys", "profile", *flags, *_cli_options(self.options), "-o", report_prefix, python)
         output = (
             f"ROCPROFSYS_OUTPUT_PATH={posixpath.dirname(report_prefix)}",
             f"ROCPROFSYS_OUTPUT_PREFIX={posixpath.basename(report_prefix)}",
         )
         settings = tuple(f"{name}={value}" for name, value in self.env)
         return ("env", *output, *settings, python, "-m", "rocprofsys", *_cli_options(self.args), "--")
-
-    def _nsight_options(self) -> tuple[str, ...]:
-        flags = tuple(f"-{flag}" if len(flag) == 1 else f"--{flag}" for flag in self.flags)
-        return flags + _cli_options(self.options)
 
 
 def _cli_options(pairs: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
@@ -120,21 +123,22 @@ def parse_profiling(raw: Any, where: str = "cluster.profiling") -> ProfilingConf
     """``cluster.profiling`` checked and typed (a ``ProfilingConfig`` is returned as it is), or
     None when the section is absent. Every key is validated even with ``enabled: false``, so a
     typo does not wait for the day profiling is switched on."""
-    raw = to_plain(raw)
     if raw is None or isinstance(raw, ProfilingConfig):
         return raw
     section = as_mapping(raw, where)
     backend = _backend(section, where)
     reject_unknown_keys(section, _COMMON_FIELDS + _BACKEND_FIELDS[backend], where)
     _refuse_steps(section.get("steps"), backend, f"{where}.steps")
-    enabled = section.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise PlacementError(f"expected true or false, got {enabled!r}", where=f"{where}.enabled")
+    output_dir = absolute_path(
+        section.get("output_dir"),
+        f"{where}.output_dir",
+        expected="an absolute directory, valid on every node that runs a profiled worker",
+    )
     config = ProfilingConfig(
         backend=backend,
-        enabled=enabled,
+        enabled=require_bool(section.get("enabled", True), f"{where}.enabled"),
         worker_groups=_worker_groups(section.get("worker_groups"), f"{where}.worker_groups"),
-        output_dir=_output_dir(section.get("output_dir"), f"{where}.output_dir"),
+        output_dir=output_dir or DEFAULT_OUTPUT_DIR,
     )
     if backend == NSIGHT:
         return _with_nsight_fields(config, section, where)
@@ -143,9 +147,7 @@ def parse_profiling(raw: Any, where: str = "cluster.profiling") -> ProfilingConf
 
 def _backend(section: Mapping[str, Any], where: str) -> str:
     expected = " or ".join(f"{name!r} ({tool})" for name, tool in BACKENDS.items())
-    if "backend" not in section:
-        raise PlacementError("missing 'backend'", where=where, expected=expected)
-    backend = section["backend"]
+    backend = require_key(section, "backend", where, expected)
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise PlacementError(
             f"unknown profiling backend {backend!r}", where=f"{where}.backend", expected=expected
@@ -184,50 +186,40 @@ def _worker_groups(value: Any, where: str) -> tuple[str, ...]:
     return tuple(require_str(item, f"{where}[{index}]") for index, item in enumerate(items))
 
 
-def _output_dir(value: Any, where: str) -> str:
-    if value is None:
-        return DEFAULT_OUTPUT_DIR
-    path = require_str(value, where)
-    if not posixpath.isabs(path):
-        raise PlacementError(
-            f"output_dir {path!r} is relative",
-            where=where,
-            text=path,
-            expected="an absolute directory, valid on every node that runs a profiled worker",
-        )
-    return path
-
-
 def _with_nsight_fields(config: ProfilingConfig, section: Mapping[str, Any], where: str) -> ProfilingConfig:
     options = _named_values(section.get("options"), f"{where}.options", _OPTION_NAME, "an nsys option name")
-    for name, _ in options:
-        if name in _NSIGHT_OUTPUT_OPTIONS:
-            raise PlacementError(
-                f"option {name!r} cannot be honoured: every process writes its own report",
-                where=f"{where}.options.{name}",
-                expected="output_dir: reports are named <output_dir>/<group>_<rank>_<pid>.nsys-rep",
-            )
+    report = "output_dir: reports are named <output_dir>/<group>_<rank>_<pid>.nsys-rep"
+    _refuse_report_paths(options, _NSIGHT_OUTPUT_OPTIONS, f"{where}.options", report)
     flags = _flags(section.get("flags"), f"{where}.flags")
     both = sorted(set(flags) & {name for name, _ in options})
     if both:
         raise PlacementError(
             f"{both[0]!r} is both a flag and an option", where=f"{where}.flags", expected="each name once"
         )
-    return dataclasses.replace(config, options=options, flags=flags)
+    return replace(config, options=options, flags=flags)
 
 
 def _with_rocprof_fields(config: ProfilingConfig, section: Mapping[str, Any], where: str) -> ProfilingConfig:
     args = _named_values(section.get("args"), f"{where}.args", _OPTION_NAME, "a rocprofsys option name")
-    env = _named_values(section.get("env"), f"{where}.env", _ENV_NAME, "a variable name")
+    env = _named_values(section.get("env"), f"{where}.env", ENV_NAME, "a variable name")
+    report = "output_dir: reports go to <output_dir> with the prefix <group>_<rank>_<pid>"
+    _refuse_report_paths(env, _ROCPROF_OUTPUT_ENV, f"{where}.env", report)
     for name, value in env:
-        if name in _ROCPROF_OUTPUT_ENV:
-            raise PlacementError(
-                f"{name} cannot be honoured: every process writes its own report",
-                where=f"{where}.env.{name}",
-                expected="output_dir: reports go to <output_dir> with the prefix <group>_<rank>_<pid>",
-            )
         refuse_credential(name, value, f"{where}.env")
-    return dataclasses.replace(config, args=args, env=env)
+    return replace(config, args=args, env=env)
+
+
+def _refuse_report_paths(
+    pairs: tuple[tuple[str, str], ...], refused: tuple[str, ...], where: str, expected: str
+) -> None:
+    """The report paths are rlinfra's own, one per process (see ``report_prefix``)."""
+    for name, _ in pairs:
+        if name in refused:
+            raise PlacementError(
+                f"{name!r} cannot be honoured: every process writes its own report",
+                where=f"{where}.{name}",
+                expected=expected,
+            )
 
 
 def _named_values(
@@ -256,11 +248,7 @@ def _named_values(
 def _flags(raw: Any, where: str) -> tuple[str, ...]:
     if raw is None:
         return ()
-    items = [raw] if isinstance(raw, str) else raw
-    if not isinstance(items, list):
-        raise PlacementError(
-            f"expected flag names, got {raw!r}", where=where, expected="a name or a list of names"
-        )
+    items = require_list([raw] if isinstance(raw, str) else raw, where, "a flag name or a list of them")
     for index, flag in enumerate(items):
         if not isinstance(flag, str) or not _OPTION_NAME.fullmatch(flag):
             raise PlacementError(

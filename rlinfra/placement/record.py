@@ -14,11 +14,6 @@ VISIBILITY_ENV = {
 }
 
 
-def visibility_variable(accelerator_type: str) -> str:
-    """The variable that restricts a process to some accelerators of ``accelerator_type``."""
-    return VISIBILITY_ENV.get(accelerator_type, f"{accelerator_type}_VISIBLE_DEVICES")
-
-
 class Placement(NamedTuple):
     """One process of a component, fully resolved: RLinf's ``Placement`` fields with RLinf's types,
     plus ``world_size``, ``hardware_type`` and ``hardware_ranks``.
@@ -80,9 +75,10 @@ class Placement(NamedTuple):
     @property
     def visibility_env(self) -> dict[str, str]:
         """The environment that restricts this process to its accelerators (empty if none)."""
-        if not self.is_isolated or self.accelerator_type is None:
+        if not self.is_isolated:
             return {}
-        return {visibility_variable(self.accelerator_type): ",".join(self.visible_accelerators)}
+        kind = self.hardware_type  # an accelerator type, since the process is isolated on it
+        return {VISIBILITY_ENV.get(kind, f"{kind}_VISIBLE_DEVICES"): ",".join(self.visible_accelerators)}
 
     def to_dict(self) -> dict[str, Any]:
         data = self._asdict()

@@ -47,6 +47,47 @@ class ResourcePool:
         """The kind's name for messages: ``GPU``, ``robot`` … or ``resource`` for a mixed pool."""
         return self.kinds[0] if len(self.kinds) == 1 else "resource"
 
+    def first_problem(
+        self, process_resources: Sequence[Sequence[int]], first_rank: int = 0
+    ) -> tuple[str, str] | None:
+        """Why the first process that cannot own its resources (one does not exist, they span two
+        nodes, or they are of two kinds) cannot, and what was expected; None when all can. A hot
+        path (thousands of processes per call), so the valid case stays cheap."""
+        # Bound lookups, mapped in C: the multi-resource check costs two small sets per process.
+        node_at, kind_at, size = self.node_of.__getitem__, self.kind_of.__getitem__, self.size
+        for rank, resources in enumerate(process_resources, first_rank):
+            if len(resources) == 1:
+                if resources[0] < size:
+                    continue
+            elif (
+                max(resources) < size
+                and len(set(map(node_at, resources))) == 1
+                and len(set(map(kind_at, resources))) == 1
+            ):
+                continue
+            return self._problem(rank, resources)
+        return None
+
+    def _problem(self, rank: int, resources: Sequence[int]) -> tuple[str, str]:
+        missing = [r for r in resources if r >= self.size]
+        if missing:
+            return (
+                f"process {rank} asks for {self.kind} {missing[0]}, which does not exist: {self.description}",
+                f"{self.kind} ranks within 0-{self.size - 1}",
+            )
+        nodes = list(dict.fromkeys(self.node_of[r] for r in resources))  # in resource order
+        if len(nodes) > 1:
+            return (
+                f"process {rank} would span nodes {nodes[0]} and {nodes[1]} "
+                f"({self.kind}s {short_ranks(sorted(resources))})",
+                f"the {self.kind}s of one process on one node",
+            )
+        return (
+            f"process {rank} would own resources {short_ranks(sorted(resources))} of different kinds "
+            f"({', '.join(sorted({self.kind_of[r] for r in resources}))})",
+            "the resources of one process of one kind",
+        )
+
 
 def group_kind(nodes: Sequence[NodeSpec], group: NodeGroup, as_nodes: bool = False) -> tuple[str, bool]:
     """``(kind, is_accelerator)`` of the resources ``group`` offers."""
@@ -73,13 +114,16 @@ def build_pool(nodes: Sequence[NodeSpec], groups: Sequence[NodeGroup], as_nodes:
     kinds: list[str] = []
     accelerators: set[str] = set()
     offered_by: dict[tuple[int, str], str] = {}
+    described: list[str] = []
     for group in groups:
         kind, is_accelerator = group_kind(nodes, group, as_nodes)
         if kind not in kinds:
             kinds.append(kind)
         if is_accelerator:
             accelerators.add(kind)
-        for rank in _contributing_nodes(nodes, group, kind, is_accelerator):
+        group_nodes, group_locals = _numbered(nodes, group, kind, is_accelerator)
+        # Only several groups can offer a resource twice; with one, skip the check (a hot path).
+        for rank in dict.fromkeys(group_nodes) if len(groups) > 1 else {}:
             other = offered_by.setdefault((rank, kind), group.label)
             if other != group.label:
                 what = "node" if kind == NODE_KIND else f"{kind}s"
@@ -87,45 +131,33 @@ def build_pool(nodes: Sequence[NodeSpec], groups: Sequence[NodeGroup], as_nodes:
                     f"node {rank}'s {what} are offered by both node groups {other!r} and {group.label!r}",
                     expected="node groups that do not offer the same resources twice in one placement",
                 )
-        start = len(node_of)
-        if kind == NODE_KIND:
-            node_of.extend(group.node_ranks)
-            local_of.extend([0] * len(group.node_ranks))
-        elif not is_accelerator:
-            node_of.extend(unit.node_rank for unit in group.hardware)
-            local_of.extend(unit.index for unit in group.hardware)
-        else:
-            for rank in group.node_ranks:
-                count = nodes[rank].num_accelerators
-                node_of.extend([rank] * count)
-                local_of.extend(range(count))
-        added = len(node_of) - start
-        group_of.extend([group.label] * added)
-        kind_of.extend([kind] * added)
-    description = "; ".join(_describe(nodes, group, as_nodes) for group in groups)
+        node_of.extend(group_nodes)
+        local_of.extend(group_locals)
+        group_of.extend([group.label] * len(group_nodes))
+        kind_of.extend([kind] * len(group_nodes))
+        count = len(group_nodes)
+        described.append(
+            f"node group {group.label!r} has {count} {kind}{'' if count == 1 else 's'} "
+            f"on nodes {short_ranks(group.node_ranks)}"
+        )
+    description = "; ".join(described)
     return ResourcePool(
         node_of, local_of, group_of, kind_of, tuple(kinds), frozenset(accelerators), nodes, description
     )
 
 
-def _contributing_nodes(
+def _numbered(
     nodes: Sequence[NodeSpec], group: NodeGroup, kind: str, is_accelerator: bool
-) -> list[int]:
-    """The nodes whose resources ``group`` adds to a pool (only they can be offered twice)."""
+) -> tuple[list[int], list[int]]:
+    """The node and the node-local index of each resource ``group`` offers, in order."""
     if kind == NODE_KIND:
-        return list(group.node_ranks)
-    if is_accelerator:
-        return [rank for rank in group.node_ranks if nodes[rank].num_accelerators]
-    return sorted({unit.node_rank for unit in group.hardware})
-
-
-def _describe(nodes: Sequence[NodeSpec], group: NodeGroup, as_nodes: bool) -> str:
-    kind, is_accelerator = group_kind(nodes, group, as_nodes)
-    if kind == NODE_KIND:
-        count = len(group.node_ranks)
-    elif is_accelerator:
-        count = sum(nodes[rank].num_accelerators for rank in group.node_ranks)
-    else:
-        count = len(group.hardware)
-    plural = "" if count == 1 else "s"
-    return f"node group {group.label!r} has {count} {kind}{plural} on nodes {short_ranks(group.node_ranks)}"
+        return list(group.node_ranks), [0] * len(group.node_ranks)
+    if not is_accelerator:
+        return [unit.node_rank for unit in group.hardware], [unit.index for unit in group.hardware]
+    node_of: list[int] = []
+    local_of: list[int] = []
+    for rank in group.node_ranks:
+        count = nodes[rank].num_accelerators
+        node_of.extend([rank] * count)
+        local_of.extend(range(count))
+    return node_of, local_of

@@ -11,13 +11,10 @@ bug to report, not a fault to ride out. Without the key a component gets ``DEFAU
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlinfra.placement.config_access import reject_unknown_keys, require_int
-from rlinfra.placement.errors import PlacementError
+from rlinfra.placement.config_access import as_section, require_int, require_number
 
 RESTART_FIELDS = ("max", "within_s")
 
@@ -37,20 +34,13 @@ def parse_restart(value: Any, where: str) -> RestartPolicy | None:
     """``{max: N, within_s: S}`` (either may be left out: the defaults are 3 and 600 s)."""
     if value is None:
         return None
-    if not isinstance(value, Mapping):
-        raise PlacementError(
-            f"expected a mapping, got {value!r}",
-            where=where,
-            expected="restart: {max: 3, within_s: 600}",
-        )
-    reject_unknown_keys(value, RESTART_FIELDS, where)
-    max_restarts = require_int(value.get("max", DEFAULT_RESTART.max_restarts), f"{where}.max")
-    within_s = value.get("within_s", DEFAULT_RESTART.within_s)
-    number = isinstance(within_s, (int, float)) and not isinstance(within_s, bool)
-    if not number or not math.isfinite(within_s) or within_s <= 0:
-        raise PlacementError(
-            f"expected a number of seconds, got {within_s!r}",
-            where=f"{where}.within_s",
-            expected="seconds > 0 (the window the restarts are counted in)",
-        )
-    return RestartPolicy(max_restarts, float(within_s))
+    section = as_section(value, RESTART_FIELDS, where, expected="restart: {max: 3, within_s: 600}")
+    max_restarts = require_int(section.get("max", DEFAULT_RESTART.max_restarts), f"{where}.max")
+    within_s = require_number(
+        section.get("within_s", DEFAULT_RESTART.within_s),
+        f"{where}.within_s",
+        "a number of seconds",
+        "seconds > 0 (the window the restarts are counted in)",
+        positive=True,
+    )
+    return RestartPolicy(max_restarts, within_s)

@@ -10,15 +10,14 @@ workers outside Ray's records is the runtime's job (``rlinfra.runtime.secrets``)
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from rlinfra.placement.config_access import as_mapping, reject_unknown_keys, require_str, to_plain
+from rlinfra.placement.config_access import as_mapping, as_section, require_str
+from rlinfra.placement.env_vars import ENV_NAME
 from rlinfra.placement.errors import PlacementError
 
 _FIELDS = ("from_env", "from_file", "expose_as_env")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -38,16 +37,14 @@ class SecretSpec:
 
 def parse_secret_specs(raw: Any, where: str = "cluster.secrets") -> tuple[SecretSpec, ...]:
     """The ``secrets`` mapping as specs (none if absent); schema errors are ``PlacementError``."""
-    raw = to_plain(raw)
     if raw is None:
         return ()
     specs = []
     for name, entry in as_mapping(raw, where).items():
         entry_where = f"{where}.{name}"
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise PlacementError(f"bad secret name {name!r}", where=where, expected="a name like HF_TOKEN")
-        fields = as_mapping(entry, entry_where)
-        reject_unknown_keys(fields, _FIELDS, entry_where)
+        fields = as_section(entry, _FIELDS, entry_where)
         sources = [key for key in ("from_env", "from_file") if fields.get(key) is not None]
         if len(sources) != 1:
             raise PlacementError(

@@ -14,13 +14,15 @@ node's end there. Strategies made by ``ComponentPlacement`` were already checked
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from rlinfra.placement.cluster_spec import ClusterSpec
+from rlinfra.placement.config_access import name_list
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints
 from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars
-from rlinfra.placement.errors import PlacementError, short_ranks
+from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.gc_pause import gc_paused
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NODE_GROUP, NODE_KIND, NodeSpec
 from rlinfra.placement.record import Placement
@@ -30,37 +32,18 @@ from rlinfra.placement.restart import RestartPolicy
 
 def as_cluster_spec(cluster: Any) -> ClusterSpec:
     """Accept a ``ClusterSpec`` or anything carrying one as ``.spec`` (the live ``Cluster``)."""
-    if isinstance(cluster, ClusterSpec):
-        return cluster
-    spec = getattr(cluster, "spec", None)
-    if isinstance(spec, ClusterSpec):
-        return spec
-    raise PlacementError(
-        f"expected a ClusterSpec or a Cluster, got {type(cluster).__name__}",
-        expected="ClusterSpec.from_config(cfg.cluster) for a dry run, or rlinfra.Cluster",
-    )
-
-
-def _labels(node_group: str | Sequence[str] | None, default: str) -> tuple[str, ...]:
-    """RLinf's ``node_group_label`` / ``node_group``: None (the default group), one label, a
-    comma-separated string, or a sequence of labels (YAML ints are labels too)."""
-    if node_group is None:
-        return (default,)
-    if isinstance(node_group, int) and not isinstance(node_group, bool):
-        node_group = str(node_group)
-    if isinstance(node_group, str):
-        labels = tuple(label.strip() for label in node_group.split(","))
-    elif isinstance(node_group, (list, tuple)):
-        labels = tuple(str(label).strip() for label in node_group)
-    else:
-        raise PlacementError(f"bad node group {node_group!r}", expected="a label or a list of labels")
-    if not labels or any(not label for label in labels):
-        raise PlacementError(f"bad node group {node_group!r}", expected="one or more labels")
-    return labels
+    spec = cluster if isinstance(cluster, ClusterSpec) else getattr(cluster, "spec", None)
+    if not isinstance(spec, ClusterSpec):
+        raise PlacementError(
+            f"expected a ClusterSpec or a Cluster, got {type(cluster).__name__}",
+            expected="ClusterSpec.from_config(cfg.cluster) for a dry run, or rlinfra.Cluster",
+        )
+    return spec
 
 
 class PlacementStrategy:
-    """Base class: subclasses say which resources each process gets; this class builds records.
+    """The resources of each process (one tuple of resource ranks per process, in rank order, as
+    checked by the subclass or the mapping stage), and the records built from them.
 
     ``env_vars``, ``constraints``, ``num_cpus`` and ``restart`` are the component's own, set by
     ``ComponentPlacement`` from the config (a strategy built by hand has none: no variables, no
@@ -68,22 +51,21 @@ class PlacementStrategy:
     """
 
     as_nodes = False
+    default_group = CLUSTER_GROUP  # of a strategy built without a node group
     env_vars: EnvVars = NO_ENV_VARS
     constraints: Constraints = NO_CONSTRAINTS
     num_cpus: float | None = None
     restart: RestartPolicy | None = None
 
-    def __init__(self, node_groups: tuple[str, ...], where: str) -> None:
+    def __init__(self, ranks_list: list[tuple[int, ...]], node_groups: tuple[str, ...], where: str) -> None:
         self.node_groups = node_groups
-        self.where = where
+        self.where = where  # names the strategy or the config entry in later errors
+        self._ranks_list = ranks_list
         self._cached: tuple[ClusterSpec, bool, list[Placement]] | None = None
-
-    def process_resources(self, pool: ResourcePool) -> Sequence[tuple[int, ...]]:
-        raise NotImplementedError
 
     @property
     def world_size(self) -> int:
-        raise NotImplementedError
+        return len(self._ranks_list)
 
     def get_placement(self, cluster: Any, isolate_accelerator: bool = True) -> list[Placement]:
         """One ``Placement`` per process, in rank order. Deterministic for a given cluster."""
@@ -91,11 +73,8 @@ class PlacementStrategy:
         cached = self._cached
         if cached is not None and cached[0] is spec and cached[1] == isolate_accelerator:
             return list(cached[2])
-        try:
-            pool = spec.resources(self.node_groups, as_nodes=self.as_nodes)
-        except PlacementError as error:
-            raise error.within(self.where) from None
-        placements = build_placements(pool, self.process_resources(pool), isolate_accelerator, self.where)
+        pool = spec.resources(self.node_groups, as_nodes=self.as_nodes, where=self.where)
+        placements = build_placements(pool, self._ranks_list, isolate_accelerator, self.where)
         self._cached = (spec, isolate_accelerator, placements)
         return list(placements)
 
@@ -115,31 +94,21 @@ class FlexiblePlacementStrategy(PlacementStrategy):
         node_group_label: str | Sequence[str] | None = None,
     ) -> None:
         where = type(self).__name__
-        super().__init__(_labels(node_group_label, self._default_group()), where)
+        labels = name_list(
+            self.default_group if node_group_label is None else node_group_label, where, "node group label"
+        )
         checked = _checked_ranks_list(hardware_ranks_list, where)
-        self._ranks_list = sorted((tuple(sorted(ranks)) for ranks in checked), key=lambda ranks: ranks[0])
-
-    @staticmethod
-    def _default_group() -> str:
-        return CLUSTER_GROUP
+        ranks_list = sorted((tuple(sorted(ranks)) for ranks in checked), key=lambda ranks: ranks[0])
+        super().__init__(ranks_list, labels, where)
 
     @classmethod
     def from_checked_ranks(
         cls, ranks_list: list[tuple[int, ...]], node_groups: tuple[str, ...], where: str
     ) -> FlexiblePlacementStrategy:
-        """A strategy from ranks the mapping stage already checked and ordered (no re-validation;
-        ``where`` names the config entry in later errors)."""
+        """A strategy from ranks the mapping stage already checked and ordered (no re-validation)."""
         strategy = cls.__new__(cls)
-        PlacementStrategy.__init__(strategy, node_groups, where)
-        strategy._ranks_list = ranks_list
+        PlacementStrategy.__init__(strategy, ranks_list, node_groups, where)
         return strategy
-
-    @property
-    def world_size(self) -> int:
-        return len(self._ranks_list)
-
-    def process_resources(self, pool: ResourcePool) -> Sequence[tuple[int, ...]]:
-        return self._ranks_list
 
 
 def _checked_ranks_list(hardware_ranks_list: Sequence[Sequence[int]], where: str) -> list[tuple[int, ...]]:
@@ -177,6 +146,7 @@ class NodePlacementStrategy(FlexiblePlacementStrategy):
     to run several processes on it."""
 
     as_nodes = True
+    default_group = NODE_GROUP
 
     def __init__(
         self, node_ranks: Sequence[int], node_group_label: str | Sequence[str] | None = None
@@ -186,10 +156,6 @@ class NodePlacementStrategy(FlexiblePlacementStrategy):
                 f"node ranks {node_ranks!r}", where=type(self).__name__, expected="a list of node ranks"
             )
         super().__init__([(rank,) for rank in node_ranks], node_group_label)
-
-    @staticmethod
-    def _default_group() -> str:
-        return NODE_GROUP
 
 
 class PackedPlacementStrategy(FlexiblePlacementStrategy):
@@ -246,47 +212,29 @@ class PackedPlacementStrategy(FlexiblePlacementStrategy):
 _new_placement = tuple.__new__
 
 
+@gc_paused()
 def build_placements(
-    pool: ResourcePool,
-    process_resources: Sequence[tuple[int, ...]],
-    isolate_accelerator: bool,
-    where: str,
+    pool: ResourcePool, process_resources: Sequence[tuple[int, ...]], isolate_accelerator: bool, where: str
 ) -> list[Placement]:
     """The shared, linear-time builder behind every strategy (a hot path: 32,000 processes on a
     4,000-node plan, so it avoids per-process attribute lookups and function calls)."""
-    with gc_paused():
-        return _build(pool, process_resources, isolate_accelerator, where)
-
-
-def _build(
-    pool: ResourcePool,
-    process_resources: Sequence[tuple[int, ...]],
-    isolate_accelerator: bool,
-    where: str,
-) -> list[Placement]:
-    node_of, group_of, kind_of = pool.node_of, pool.group_of, pool.kind_of
-    _check_resources(pool, process_resources, where)
+    problem = pool.first_problem(process_resources)
+    if problem is not None:
+        raise PlacementError(problem[0], where=where, expected=problem[1])
+    node_of, group_of, kind_of, local_of = pool.node_of, pool.group_of, pool.kind_of, pool.local_of
     nodes = [node_of[resources[0]] for resources in process_resources]
-    per_node_count: dict[int, int] = {}
-    node_order: dict[int, int] = {}
-    local_ranks: list[int] = []
-    for node in nodes:
-        count = per_node_count.get(node)
-        if count is None:
-            count = 0
-            node_order[node] = len(node_order)
-        local_ranks.append(count)
-        per_node_count[node] = count + 1
-
+    per_node_count = dict(Counter(nodes))  # in order of first use; a plain dict reads faster
+    node_order = {node: index for index, node in enumerate(per_node_count)}
+    next_local_rank = dict.fromkeys(per_node_count, 0)
     world_size = len(process_resources)
-    local_of, node_specs, accelerator_kinds = pool.local_of, pool.nodes, pool.accelerator_kinds
+    node_specs, accelerator_kinds = pool.nodes, pool.accelerator_kinds
     # Thousands of processes share a few dozen distinct device answers: compute each once.
     devices: dict[tuple[str, int, str, tuple[int, ...]], tuple[str | None, int, tuple[str, ...]]] = {}
     placements: list[Placement] = []
     append = placements.append
-    for rank, (resources, node, local_rank) in enumerate(
-        zip(process_resources, nodes, local_ranks, strict=True)
-    ):
+    for rank, (resources, node) in enumerate(zip(process_resources, nodes, strict=True)):
+        local_rank = next_local_rank[node]
+        next_local_rank[node] = local_rank + 1
         first = resources[0]
         kind = kind_of[first]
         if kind == NODE_KIND:
@@ -334,39 +282,3 @@ def _visible(
     accelerator_type = node.accelerator_type if node.num_accelerators else None
     shown = local_ids if isolated else tuple(range(node.num_accelerators))
     return accelerator_type, shown[0] if shown else -1, tuple(map(str, shown))
-
-
-def _check_resources(pool: ResourcePool, process_resources: Sequence[tuple[int, ...]], where: str) -> None:
-    """Every resource exists and each process's resources share one node."""
-    node_of, kind_of, size = pool.node_of, pool.kind_of, pool.size
-    for rank, resources in enumerate(process_resources):
-        if len(resources) == 1:
-            if resources[0] < size:
-                continue
-        elif (
-            max(resources) < size
-            and len({node_of[r] for r in resources}) == 1
-            and len({kind_of[r] for r in resources}) == 1
-        ):
-            continue
-        missing = [r for r in resources if r >= size]
-        if missing:
-            raise PlacementError(
-                f"process {rank} asks for {pool.kind} {missing[0]}, which does not exist: {pool.description}",
-                where=where,
-                expected=f"{pool.kind} ranks within 0-{size - 1}",
-            )
-        spanned = sorted({node_of[r] for r in resources})
-        if len(spanned) == 1:
-            raise PlacementError(
-                f"process {rank} would own resources of different kinds "
-                f"({', '.join(sorted({kind_of[r] for r in resources}))})",
-                where=where,
-                expected="the resources of one process of one kind",
-            )
-        raise PlacementError(
-            f"process {rank} would span nodes {spanned[0]} and {spanned[1]} "
-            f"({pool.kind}s {short_ranks(sorted(resources))})",
-            where=where,
-            expected=f"the {pool.kind}s of one process on one node",
-        )

@@ -65,7 +65,7 @@ class TestNodes:
             ({"num_nodes": 0}, 8, "cluster.num_nodes", "0 is too small"),
             ({"num_nodes": True}, 8, "cluster.num_nodes", "expected an integer"),
             ({"num_nodes": "2"}, 8, "cluster.num_nodes", "expected an integer"),
-            ({"num_nodes": 10**12}, 8, "cluster.num_nodes", "too many"),
+            ({"num_nodes": 10**12}, 8, "cluster.num_nodes", "too large"),
             ({"num_nodes": 2}, -1, "accelerators per node", "-1 is too small"),
             ({"num_nodes": 2}, [8], "accelerators per node", "1 accelerator counts for 2 nodes"),
             ({"num_nodes": 2}, [8, "8"], "accelerators per node", "expected an integer"),

@@ -221,7 +221,7 @@ class TestMultiKindPlacement:
         assert [p.hardware_type for p in packed] == ["GPU"] * 4 + ["franka"]
 
     def test_one_process_may_not_own_two_kinds(self) -> None:
-        with pytest.raises(PlacementError, match="process 0 would own resources of different kinds"):
+        with pytest.raises(PlacementError, match="process 0 would own resources 3-4 of different kinds"):
             FlexiblePlacementStrategy([[3, 4]], node_group_label="gpu,franka").get_placement(self.spec())
 
 

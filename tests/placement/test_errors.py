@@ -81,9 +81,15 @@ def test_full_message_for_the_renumbering_trap() -> None:
         ("0-1:0-2", "3 processes cannot share 2 GPUs evenly", 0, 7, "multiple or a divisor of 2"),
         ("0-3, 4-9:4-7 ", "6 GPUs cannot be split evenly among 4 processes", 5, 7, "divisor of 6"),
         # a multi-device process lies on one node
-        ("6-9:0", "process 0 would own GPUs 6-9, which span nodes 0 and 1", 0, 3, "groups of 4 GPUs"),
-        ("0-1,6-13:2-3", "process 2 would own GPUs 6-9", 4, 4, "groups of 4 GPUs that each lie on one node"),
-        ("0-11:0-3", "process 2 would own GPUs 6-8, which span nodes 0 and 1", 0, 4, "groups of 3 GPUs"),
+        ("6-9:0", "process 0 would span nodes 0 and 1 (GPUs 6-9)", 0, 3, "groups of 4 GPUs"),
+        (
+            "0-1,6-13:2-3",
+            "process 2 would span nodes 0 and 1 (GPUs 6-9)",
+            4,
+            4,
+            "groups of 4 GPUs that each lie on one node",
+        ),
+        ("0-11:0-3", "process 2 would span nodes 0 and 1 (GPUs 6-8)", 0, 4, "groups of 3 GPUs"),
         # grammar, seen through ComponentPlacement
         ("0-3:all", "'all' is only allowed for resource ranks", 4, 3, "process ranks as a number"),
         ("0-3,,4", "empty segment", 4, 1, "a segment 'resources[:processes]'"),
@@ -179,8 +185,8 @@ class TestConfigErrors:
                 "placed twice",
                 "one key",
             ),
-            ({"actor,actor": "0"}, "cluster.component_placement", "named twice", "each component once"),
-            ({"actor,": "0"}, "cluster.component_placement", "empty component name", "single commas"),
+            ({"actor,actor": "0"}, "cluster.component_placement", "listed twice", "each component name once"),
+            ({"actor,": "0"}, "cluster.component_placement", "bad component name ''", "single commas"),
             ({"actor": None}, "cluster.component_placement.actor", "expected a placement string", "'0-7'"),
             ({"actor": True}, "cluster.component_placement.actor", "expected a placement string", "'0-7'"),
             ({"actor": 1.5}, "cluster.component_placement.actor", "expected a placement string", "'0-7'"),
@@ -194,26 +200,26 @@ class TestConfigErrors:
             (
                 {"actor": {"node_group": None, "placement": "0"}},
                 "cluster.component_placement.actor.node_group",
-                "expected node group label(s), got None",
+                "expected node group labels, got None",
                 "YAML list",
             ),
             (
                 {"actor": {"node_group": [], "placement": "0"}},
                 "cluster.component_placement.actor.node_group",
-                "expected node group label(s)",
+                "expected node group labels",
                 "YAML list",
             ),
             (
                 {"actor": {"node_group": ["a800", 1.5], "placement": "0"}},
                 "cluster.component_placement.actor.node_group",
                 "bad node group label 1.5",
-                "non-empty labels",
+                "non-empty node group labels",
             ),
             (
                 {"actor": {"node_group": "a800,,cpu", "placement": "0"}},
                 "cluster.component_placement.actor.node_group",
                 "bad node group label ''",
-                "non-empty labels",
+                "non-empty node group labels",
             ),
         ],
     )
@@ -227,7 +233,7 @@ class TestConfigErrors:
 
     def test_node_group_listed_twice(self) -> None:
         error = fail({"actor": {"node_group": ["a800", "a800"], "placement": "0"}}, [8, 8, 0, 0, 0])
-        assert "a node group is listed twice" in error.problem
+        assert "a node group label is listed twice" in error.problem
 
     def test_one_process_mixing_kinds(self) -> None:
         """GPUs then a robot of the same node concatenate, but one process may not own both."""

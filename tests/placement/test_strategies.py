@@ -109,9 +109,9 @@ class TestFlexible:
             FlexiblePlacementStrategy(ranks_list)
         assert problem in info.value.problem
 
-    @pytest.mark.parametrize("node_group", ["", "a,", [], 5.0])
+    @pytest.mark.parametrize("node_group", ["", "a,", [], 5.0, ["cluster", "cluster"]])
     def test_bad_node_group(self, node_group: Any) -> None:
-        with pytest.raises(PlacementError, match="bad node group"):
+        with pytest.raises(PlacementError, match="node group label"):
             FlexiblePlacementStrategy([[0]], node_group_label=node_group)
 
     def test_no_label_means_the_whole_cluster_as_in_rlinf(self) -> None:
