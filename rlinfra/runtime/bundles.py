@@ -22,6 +22,7 @@ component placements alone — no second source of truth:
 from __future__ import annotations
 
 import math
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -57,12 +58,10 @@ class LayoutPlan:
 
     def per_node(self) -> dict[int, dict[str, float]]:
         """Total resources requested on each node (for 'what is missing where' messages)."""
-        totals: dict[int, dict[str, float]] = {}
+        totals: dict[int, Counter[str]] = defaultdict(Counter)
         for bundle, node in zip(self.bundles, self.bundle_nodes, strict=True):
-            node_total = totals.setdefault(node, {})
-            for name, amount in bundle.items():
-                node_total[name] = node_total.get(name, 0.0) + amount
-        return totals
+            totals[node].update(bundle)
+        return {node: dict(total) for node, total in totals.items()}
 
     def bundle_indices(self, component: str) -> list[int]:
         return sorted({r.bundle_index for r in self.reservations[component]})
@@ -131,7 +130,7 @@ def plan_layout(
     node_users: dict[int, int] = {}
     for component_placements in placements.values():
         for placement in component_placements:
-            devices = _devices(placement)
+            devices = devices_of(placement)
             if not devices:
                 node_users[placement.cluster_node_rank] = node_users.get(placement.cluster_node_rank, 0) + 1
             for device in devices:
@@ -158,7 +157,7 @@ def plan_layout(
         per_rank = constraints.get(name)
         for rank, placement in enumerate(component_placements):
             node, kind = placement.cluster_node_rank, placement.hardware_type
-            devices = _devices(placement)
+            devices = devices_of(placement)
             if not devices:
                 index = index_of[(node, 1, NODE_KIND, ())]
                 users_share = 1 / node_users[node]
@@ -223,9 +222,8 @@ def _constrained(
     return ActorReservation(row.bundle_index, row.num_cpus, row.num_gpus, resources)
 
 
-def _devices(placement: Placement) -> list[Device]:
-    if placement.hardware_type == NODE_KIND:
-        return []
+def devices_of(placement: Placement) -> list[Device]:
+    """The devices a process holds, in its order (none for a process placed on a whole node)."""
     node, kind = placement.cluster_node_rank, placement.hardware_type
     return [(node, kind, index) for index in placement.local_hardware_ranks]
 

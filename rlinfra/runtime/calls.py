@@ -9,17 +9,21 @@ rank, its node and the remote traceback, with the results of the ranks that did 
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
-from rlinfra.runtime.watchdog import ProgressSource, StuckWatch
+from rlinfra.runtime.watchdog import StuckWatch
+
+if TYPE_CHECKING:
+    from rlinfra.runtime.group import WorkerGroup
 
 FAILURE_GRACE_S = 0.5
 
@@ -57,47 +61,32 @@ class GroupCall:
 
     def __init__(
         self,
-        group_name: str,
+        group: WorkerGroup,
         action: str,
         refs: Sequence[ray.ObjectRef],
         ranks: Sequence[int],
-        node_of_rank: Callable[[int], int | None],
         default_timeout: float,
         gather: Callable[[list[Any]], Any] | None = None,
-        dead_nodes: Callable[[], set[int]] = set,
-        progress: ProgressSource | None = None,
-        stuck_after: float | None = None,
+        group_name: str | None = None,
     ) -> None:
-        self.group_name = group_name
+        self._group = group
+        self.group_name = group_name or group.name  # a fused role's calls name the role
         self.action = action
         self.refs = list(refs)
         self.ranks = list(ranks)
-        self._node_of_rank = node_of_rank
         self._default_timeout = default_timeout
         self._gather = gather
-        self._dead_nodes = dead_nodes
         self._rank_of = dict(zip(self.refs, self.ranks, strict=True))
         self._unreachable: set[int] = set()
-        self._progress = progress
-        self.stuck_after = stuck_after
         self.issued = time.monotonic()
 
     def subset(self, ranks: Sequence[int]) -> GroupCall:
         """The same pending call, for ``ranks`` only (results in rank order, no gathering): e.g.
         to keep waiting for the ranks a ``WorkerGroupError`` reported as still running."""
-        chosen = [(ref, rank) for ref, rank in zip(self.refs, self.ranks, strict=True) if rank in set(ranks)]
-        part = GroupCall(
-            self.group_name,
-            self.action,
-            [ref for ref, _ in chosen],
-            [rank for _, rank in chosen],
-            self._node_of_rank,
-            self._default_timeout,
-            None,
-            self._dead_nodes,
-            self._progress,
-            self.stuck_after,
-        )
+        keep = set(ranks)
+        refs = [ref for ref, rank in self._rank_of.items() if rank in keep]
+        chosen = [self._rank_of[ref] for ref in refs]
+        part = GroupCall(self._group, self.action, refs, chosen, self._default_timeout, None, self.group_name)
         part.issued = self.issued
         return part
 
@@ -118,7 +107,8 @@ class GroupCall:
         pending = list(self.refs)
         results: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
-        watch = self._watch(self.stuck_after if isinstance(stuck_after, Default) else stuck_after)
+        stuck_after = self._group.stuck_after if isinstance(stuck_after, Default) else stuck_after
+        watch = None if stuck_after is None else StuckWatch(self._group, stuck_after, self.issued)
         while pending and not failures:
             left = deadline.left()
             if left <= 0:
@@ -141,11 +131,6 @@ class GroupCall:
         ordered = [results[rank] for rank in self.ranks]
         return self._gather(ordered) if self._gather else ordered
 
-    def _watch(self, stuck_after: float | None) -> StuckWatch | None:
-        if stuck_after is None or self._progress is None:
-            return None
-        return StuckWatch(self._progress, stuck_after, self.issued)
-
     def _stuck(self, watch: StuckWatch, pending: Sequence[ray.ObjectRef]) -> dict[int, RankFailure]:
         """Failures of kind ``stuck`` for the silent pending ranks, each with its stack (a rank
         that returned while it was being asked is not stuck: the next wait collects it)."""
@@ -153,21 +138,16 @@ class GroupCall:
         just_done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
         for ref in just_done:
             silent.pop(self._rank_of[ref], None)
-        return {
-            rank: RankFailure(
-                rank,
-                self._node_of_rank(rank),
-                watch.reason(self.action, quiet, age),
-                watch.source.stack_of(rank),
-                STUCK,
-            )
-            for rank, (quiet, age) in silent.items()
-        }
+        group, stuck = self._group, {}
+        for rank, (quiet, age) in silent.items():
+            reason = watch.reason(self.action, quiet, age)
+            stuck[rank] = RankFailure(rank, group.node_rank_of(rank), reason, group.stack_of(rank), STUCK)
+        return stuck
 
     def _no_answer(self, pending: Sequence[ray.ObjectRef], limit: float) -> dict[int, RankFailure]:
         reason = f"no answer within {limit:g} s (still running)"
         ranks = [self._rank_of[ref] for ref in pending]
-        return {rank: RankFailure(rank, self._node_of_rank(rank), reason) for rank in ranks}
+        return {rank: RankFailure(rank, self._group.node_rank_of(rank), reason) for rank in ranks}
 
     def _collect(self, ready: list[Any], results: dict[int, Any], failures: dict[int, RankFailure]) -> None:
         for ref in ready:
@@ -176,7 +156,7 @@ class GroupCall:
                 results[rank] = ray.get(ref, timeout=0)
             except (GetTimeoutError, ray.exceptions.RayError) as error:
                 reason, trace = describe_failure(error)
-                failures[rank] = RankFailure(rank, self._node_of_rank(rank), reason, trace)
+                failures[rank] = RankFailure(rank, self._group.node_rank_of(rank), reason, trace)
                 if isinstance(error, ActorUnavailableError):
                     self._unreachable.add(rank)
 
@@ -184,12 +164,12 @@ class GroupCall:
         """Dead node ranks. A worker that became unreachable (connection reset) may be the first
         sign of a lost node, seen before Ray's health checks declare it: then wait, at most
         ``NODE_VERDICT_S``, for Ray's verdict on that node, so the error can say what happened."""
-        dead = self._dead_nodes()
-        suspects = {self._node_of_rank(rank) for rank in self._unreachable} - dead - {None}
+        dead = self._group.cluster.dead_node_ranks()
+        suspects = {self._group.node_rank_of(rank) for rank in self._unreachable} - dead - {None}
         deadline = Deadline.after(NODE_VERDICT_S)
         while suspects and not deadline.expired:
             time.sleep(0.1)
-            dead = self._dead_nodes()
+            dead = self._group.cluster.dead_node_ranks()
             suspects -= dead
         return dead
 
@@ -197,21 +177,12 @@ class GroupCall:
         """When a failed rank's node is gone, say so, and fail every pending rank on that node
         too (they can never answer); returns the ranks still pending after that."""
         dead = self._settled_dead_nodes()
-        if not dead:
-            return pending
-        for rank, failure in list(failures.items()):
-            if failure.node_rank in dead:
-                failures[rank] = RankFailure(
-                    rank, failure.node_rank, f"its node {failure.node_rank} was lost", failure.traceback
-                )
-        still_pending = []
-        for rank in pending:
-            node = self._node_of_rank(rank)
+        for rank in [*failures, *pending]:
+            node = self._group.node_rank_of(rank)
             if node in dead:
-                failures[rank] = RankFailure(rank, node, f"its node {node} was lost")
-            else:
-                still_pending.append(rank)
-        return still_pending
+                trace = failures[rank].traceback if rank in failures else ""
+                failures[rank] = RankFailure(rank, node, f"its node {node} was lost", trace)
+        return [rank for rank in pending if self._group.node_rank_of(rank) not in dead]
 
     def __repr__(self) -> str:
         return f"GroupCall({self.group_name}.{self.action}, ranks={len(self.ranks)})"
@@ -251,15 +222,10 @@ def _raised(ref: ray.ObjectRef) -> bool:
 def split_batch(batch: Any, parts: int) -> list[Any]:
     """Cut a list, tuple, numpy array or torch tensor into ``parts`` contiguous chunks whose
     sizes differ by at most one (the first chunks take the remainder)."""
-    length = len(batch)
-    base, extra = divmod(length, parts)
-    chunks = []
-    start = 0
-    for index in range(parts):
-        end = start + base + (index < extra)
-        chunks.append(batch[start:end])
-        start = end
-    return chunks
+    base, extra = divmod(len(batch), parts)
+    sizes = [base + (index < extra) for index in range(parts)]
+    bounds = itertools.pairwise(itertools.accumulate(sizes, initial=0))
+    return [batch[start:end] for start, end in bounds]
 
 
 def concat_chunks(chunks: list[Any]) -> Any:
@@ -274,7 +240,4 @@ def concat_chunks(chunks: list[Any]) -> Any:
         import torch
 
         return torch.cat(chunks)
-    gathered: list[Any] = []
-    for chunk in chunks:
-        gathered.extend(chunk)
-    return gathered
+    return list(itertools.chain.from_iterable(chunks))

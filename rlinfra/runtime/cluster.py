@@ -29,6 +29,9 @@ from rlinfra.runtime.embedded import EmbeddedRay
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.ledger import resource_diff
 
+# Settings that shape a simulated cluster only.
+SIMULATED_ONLY = ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
+
 
 class Cluster:
     """A Ray cluster described by ``cluster_cfg``; use as a context manager or call ``shutdown``.
@@ -56,14 +59,7 @@ class Cluster:
         if ray.is_initialized():
             pass  # the caller's Ray: use it, never stop it
         elif config.simulate is not None and not address:
-            store_mib = config.simulate_object_store_mib
-            self._embedded = EmbeddedRay.start_simulated(
-                list(config.simulate),
-                cpus_per_node=config.simulate_cpus,
-                object_store_bytes=store_mib * 2**20 if store_mib else None,
-                resources_per_node=_listed(config.simulate_resources),
-                labels_per_node=_listed(config.simulate_labels),
-            )
+            self._embedded = EmbeddedRay.start_simulated(config)
         elif address:
             if config.simulate is not None:
                 _refuse_simulated_only(config)
@@ -123,10 +119,7 @@ class Cluster:
         return self.nodes[rank]
 
     def node_rank_of(self, node_id: str) -> int | None:
-        for node in self.nodes:
-            if node.node_id == node_id:
-                return node.rank
-        return None
+        return next((node.rank for node in self.nodes if node.node_id == node_id), None)
 
     def kill_node(self, rank: int) -> None:
         """Rehearse a crash: kill simulated node ``rank`` and everything on it at once. Only a
@@ -192,11 +185,7 @@ class Cluster:
 
 def _refuse_simulated_only(config: ClusterConfig) -> None:
     """Settings that only shape a simulated cluster cannot shape one that exists: refused."""
-    written = [
-        name
-        for name in ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
-        if getattr(config, name) not in (None, DEFAULT_SIMULATED_CPUS)
-    ]
+    written = [name for name in SIMULATED_ONLY if getattr(config, name) not in (None, DEFAULT_SIMULATED_CPUS)]
     if written:
         raise ClusterError(
             f"cluster.{written[0]} shapes a simulated cluster, but RAY_ADDRESS names an existing one; "
@@ -212,7 +201,3 @@ def check_simulated_shape(nodes: list[RayNode], simulate: tuple[int, ...]) -> No
             f"cluster.simulate is {list(simulate)} accelerators per node, but the cluster at RAY_ADDRESS "
             f"has {list(have)}; give the nodes those accelerators (e.g. --gpus-per-node), or fix simulate"
         )
-
-
-def _listed(per_node: tuple[Any, ...] | None) -> list[dict[str, Any]] | None:
-    return None if per_node is None else [dict(entry) for entry in per_node]

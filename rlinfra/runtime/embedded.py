@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
 from ray._private import ray_constants
 from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
-from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS
+from rlinfra.placement.config import ClusterConfig
 from rlinfra.runtime.discovery import NODE_RANK_LABEL
 from rlinfra.runtime.errors import ClusterError
 
 # A dead raylet is declared dead after period x threshold (~1.5 s) instead of Ray's 3 s x 5.
 HEALTH_CHECK_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+# What the head node starts with, local or simulated.
+HEAD_ARGS: dict[str, Any] = {"include_dashboard": False, "_system_config": HEALTH_CHECK_CONFIG}
 
 LOOPBACK = "127.0.0.1"
 # Ray binds its gRPC servers to loopback only when a node's address is exactly 127.0.0.1, and
@@ -95,66 +97,43 @@ class EmbeddedRay:
         self._nodes = dict(enumerate(nodes))  # node rank -> its ``ray._private.node.Node`` (head: 0)
 
     @classmethod
-    def start_local(cls, num_cpus: int | None = None, num_gpus: int | None = None) -> EmbeddedRay:
+    def start_local(cls) -> EmbeddedRay:
         local_only = LocalOnly()
         try:
-            ray.init(
-                address="local",
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                include_dashboard=False,
-                _node_ip_address=LOOPBACK,
-                _system_config=HEALTH_CHECK_CONFIG,
-                **_quiet(),
-            )
+            ray.init(address="local", _node_ip_address=LOOPBACK, **HEAD_ARGS, **_quiet())
         except BaseException:
             local_only.close()
             raise
         return cls(local_only, None)
 
     @classmethod
-    def start_simulated(
-        cls,
-        accelerators_per_node: Sequence[int],
-        cpus_per_node: int = DEFAULT_SIMULATED_CPUS,
-        resources_per_node: Sequence[dict[str, float]] | None = None,
-        labels_per_node: Sequence[dict[str, str]] | None = None,
-        object_store_bytes: int | None = None,
-    ) -> EmbeddedRay:
-        """One real raylet per simulated node, each labelled with its node rank so that ranks
-        are stable across restarts (simulated nodes share one IP); ``resources_per_node`` and
-        ``labels_per_node`` add custom resources and labels per node; ``object_store_bytes`` sizes
-        every node's object store (else Ray's test-cluster default)."""
+    def start_simulated(cls, config: ClusterConfig) -> EmbeddedRay:
+        """One real raylet per node of ``config.simulate``, each labelled with its node rank so
+        that ranks are stable across restarts (simulated nodes share one IP), with the config's
+        CPUs, custom resources and labels per node and object store size (else Ray's
+        test-cluster default)."""
         from ray.cluster_utils import Cluster as RayTestCluster
 
-        extra = list(resources_per_node or [{} for _ in accelerators_per_node])
-        labels = [
-            {**{str(k): str(v) for k, v in node.items()}, NODE_RANK_LABEL: str(rank)}
-            for rank, node in enumerate(labels_per_node or [{} for _ in accelerators_per_node])
-        ]
-        store = {"object_store_memory": object_store_bytes} if object_store_bytes else {}
+        accelerators = list(config.simulate or ())
+        resources: Sequence[Mapping[str, float]] = config.simulate_resources or [{} for _ in accelerators]
+        labels: Sequence[Mapping[str, str]] = config.simulate_labels or [{} for _ in accelerators]
+        store_mib = config.simulate_object_store_mib
+        store = {"object_store_memory": store_mib * 2**20} if store_mib else {}
         node_args: list[dict[str, Any]] = [
             {
-                "num_cpus": cpus_per_node,
+                "num_cpus": config.simulate_cpus,
                 "num_gpus": count,
-                "resources": extra[rank],
-                "labels": labels[rank],
+                "resources": dict(resources[rank]),
+                "labels": {**{str(k): str(v) for k, v in labels[rank].items()}, NODE_RANK_LABEL: str(rank)},
                 "node_ip_address": LOOPBACK,
                 **store,
             }
-            for rank, count in enumerate(accelerators_per_node)
+            for rank, count in enumerate(accelerators)
         ]
         local_only = LocalOnly()
         simulated = None
         try:
-            simulated = RayTestCluster(
-                initialize_head=True,
-                head_node_args={
-                    **node_args[0],
-                    "include_dashboard": False,
-                    "_system_config": HEALTH_CHECK_CONFIG,
-                },
-            )
+            simulated = RayTestCluster(initialize_head=True, head_node_args={**node_args[0], **HEAD_ARGS})
             nodes = [simulated.head_node, *(simulated.add_node(**args) for args in node_args[1:])]
             ray.init(address=simulated.address, **_quiet())
         except BaseException:
@@ -167,29 +146,28 @@ class EmbeddedRay:
     def kill_node(self, rank: int) -> None:
         """Kill simulated node ``rank``'s raylet and everything on it without a graceful shutdown,
         as a crash would (to rehearse node loss)."""
-        node = self._simulated_node(rank)
-        del self._nodes[rank]
-        assert self._simulated is not None  # _simulated_node refuses a Ray that is not simulated
-        self._simulated.remove_node(node, allow_graceful=False)
+        simulated = self._simulated_cluster()
+        if rank not in self._nodes:
+            raise ClusterError(f"simulated node {rank} is not running (nodes: {sorted(self._nodes)})")
+        simulated.remove_node(self._nodes.pop(rank), allow_graceful=False)
 
     def restart_node(self, rank: int) -> None:
         """Start a lost simulated node again: a new raylet with the same devices, CPUs, resources
         and labels, the node-rank label included, so it takes its old rank (a new node id). The
         head (rank 0) holds Ray's control store: losing it ends the cluster, so it is refused."""
-        if self._simulated is None or not 0 <= rank < len(self._node_args):
+        simulated = self._simulated_cluster()
+        if not 0 <= rank < len(self._node_args):
             raise ClusterError(f"this Ray has no simulated node {rank}")
         if rank == 0:
             raise ClusterError("node 0 is the head: it cannot be restarted (the cluster ends with it)")
         if rank in self._nodes:
             raise ClusterError(f"node {rank} is running: only a killed node can be restarted")
-        self._nodes[rank] = self._simulated.add_node(**self._node_args[rank])
+        self._nodes[rank] = simulated.add_node(**self._node_args[rank])
 
-    def _simulated_node(self, rank: int) -> Any:
+    def _simulated_cluster(self) -> Any:
         if self._simulated is None:
-            raise ClusterError("this Ray is not a simulated cluster: it has no nodes to kill")
-        if rank not in self._nodes:
-            raise ClusterError(f"simulated node {rank} is not running (nodes: {sorted(self._nodes)})")
-        return self._nodes[rank]
+            raise ClusterError("this Ray is not a simulated cluster: it has no nodes to kill or restart")
+        return self._simulated
 
     def shutdown(self) -> None:
         ray.shutdown()

@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -43,39 +43,16 @@ from rlinfra.placement.env_vars import (
 )
 from rlinfra.placement.record import Placement
 
-CLASS_DEFAULTS = "class defaults"
-DRIVER = "driver"
-RLINFRA = "rlinfra"
-
 # Driver variables a worker is given by default: locale, paths, caches and communication
 # tuning — what a remote worker needs to behave like the driver, and nothing that identifies
 # or authorises anyone. Shell-style patterns.
 DEFAULT_ALLOWLIST = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "LANGUAGE",
-    "LC_*",
-    "TZ",
-    "TMPDIR",
-    "PYTHONPATH",
-    "PYTHONHASHSEED",
-    "LD_LIBRARY_PATH",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "NCCL_*",
-    "GLOO_*",
-    "TORCH_NCCL_*",
-    "OMP_NUM_THREADS",
-    "TOKENIZERS_PARALLELISM",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "HF_HOME",
-    "HF_HUB_CACHE",
-    "HF_DATASETS_CACHE",
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_CACHE",
-    "TORCH_HOME",
-    "TRITON_CACHE_DIR",
+    *("PATH", "HOME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR"),  # locale and paths
+    *("PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"),  # interpreter, libraries
+    *("NCCL_*", "GLOO_*", "TORCH_NCCL_*", "OMP_NUM_THREADS"),  # communication and threads
+    *("TOKENIZERS_PARALLELISM", "PYTORCH_CUDA_ALLOC_CONF"),  # library tuning
+    *("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE"),  # caches
+    *("TRANSFORMERS_CACHE", "TORCH_HOME", "TRITON_CACHE_DIR"),
 )
 
 
@@ -105,29 +82,27 @@ class ResolvedEnv:
     sources: Mapping[str, str]
     replaced: frozenset[str] = frozenset()
     withheld: tuple[str, ...] = ()
-    path_variables: frozenset[str] = field(default=PATH_VARIABLES)
 
     @property
     def merge_with_inherited(self) -> tuple[str, ...]:
         """Path-like variables the worker prepends to its process's own value."""
-        return tuple(sorted(name for name in self.values if name in self.path_variables - self.replaced))
+        return tuple(sorted(name for name in self.values if name in PATH_VARIABLES - self.replaced))
 
 
-def compose_env(*layers: EnvLayer, path_variables: Iterable[str] = PATH_VARIABLES) -> ResolvedEnv:
+def compose_env(*layers: EnvLayer) -> ResolvedEnv:
     """Compose ``layers``, given lowest precedence first. Pure: reads the layers, returns new data."""
-    path_like = frozenset(path_variables)
     values: dict[str, str] = {}
     sources: dict[str, list[str]] = {}
     replaced: set[str] = set()
     for layer in layers:
         for name, value in layer.values.items():
-            if name in path_like and name in values and name not in layer.replace:
+            if name in PATH_VARIABLES and name in values and name not in layer.replace:
                 values[name] = merge_paths(value, values[name])
                 sources[name] = [layer.source, *(s for s in sources[name] if s != layer.source)]
             else:
                 values[name] = value
                 sources[name] = [layer.source]
-                if name in path_like:
+                if name in PATH_VARIABLES:
                     replaced.discard(name)
             if name in layer.replace:
                 replaced.add(name)
@@ -135,7 +110,6 @@ def compose_env(*layers: EnvLayer, path_variables: Iterable[str] = PATH_VARIABLE
         MappingProxyType(values),
         MappingProxyType({name: " + ".join(names) for name, names in sources.items()}),
         frozenset(replaced),
-        path_variables=path_like,
     )
 
 
@@ -148,7 +122,7 @@ def class_defaults_layer(worker_cls: type | None) -> EnvLayer:
     where = f"{getattr(worker_cls, '__qualname__', 'Worker')}.env_defaults"
     for name, value in defaults.items():
         refuse_credential(str(name), str(value), where)
-    return EnvLayer(CLASS_DEFAULTS, defaults)
+    return EnvLayer("class defaults", defaults)
 
 
 def driver_allowlist(extra: Sequence[str] = ()) -> tuple[str, ...]:
@@ -167,7 +141,7 @@ def driver_layer(environ: Mapping[str, str], allowlist: Sequence[str]) -> tuple[
             withheld.append(name)
         else:
             chosen[name] = environ[name]
-    return EnvLayer(DRIVER, chosen), tuple(withheld)
+    return EnvLayer("driver", chosen), tuple(withheld)
 
 
 def node_group_layers(placement: Placement, spec: ClusterSpec) -> list[EnvLayer]:
@@ -186,7 +160,7 @@ def node_group_layers(placement: Placement, spec: ClusterSpec) -> list[EnvLayer]
 def rlinfra_layer(placement: Placement) -> EnvLayer:
     """Ranks and visibility: what rlinfra computes for this very process."""
     return EnvLayer(
-        RLINFRA,
+        "rlinfra",
         {
             "RANK": str(placement.rank),
             "WORLD_SIZE": str(placement.world_size),
@@ -222,24 +196,6 @@ class WorkerEnvs:
 
     def of(self, placement: Placement) -> ResolvedEnv:
         """The environment of the process at ``placement``: all five layers, composed."""
-        resolved = compose_env(
-            self._class,
-            self._driver,
-            *node_group_layers(placement, self._spec),
-            self._component,
-            rlinfra_layer(placement),
-        )
+        groups = node_group_layers(placement, self._spec)
+        resolved = compose_env(self._class, self._driver, *groups, self._component, rlinfra_layer(placement))
         return dataclasses.replace(resolved, withheld=self._withheld)
-
-
-__all__ = [
-    "CLASS_DEFAULTS",
-    "DEFAULT_ALLOWLIST",
-    "DRIVER",
-    "RLINFRA",
-    "EnvLayer",
-    "ResolvedEnv",
-    "WorkerEnvs",
-    "compose_env",
-    "driver_allowlist",
-]

@@ -90,12 +90,10 @@ def worker_executable(
 
 
 def worker_runtime_env(
-    placement: Placement, executable: WorkerExecutable | None, group_name: str, node_python: str
-) -> dict[str, str] | None:
-    """The actor's runtime_env — only ``py_executable`` — or None. ``node_python`` is the
-    interpreter Ray's workers use on the node (what the profiler wraps without an interpreter)."""
-    if executable is None:
-        return None
+    placement: Placement, executable: WorkerExecutable, group_name: str, node_python: str
+) -> dict[str, str]:
+    """The actor's runtime_env: only ``py_executable``. ``node_python`` is the interpreter Ray's
+    workers use on the node (what the profiler wraps without an interpreter)."""
     profiling = executable.profiling
     prefix = profiling.report_prefix(group_name, placement.rank) if profiling is not None else ""
     return {"py_executable": executable.command(node_python, prefix)}
@@ -107,7 +105,10 @@ def worker_runtime_envs(
     """One runtime_env (or None) per placement, after checking every command on its node; a
     command that cannot start a worker raises ``WorkerGroupError`` naming ranks, nodes and why."""
     profiling = cluster.config.profiling
-    keys = [_probe_key(p, worker_executable(p, cluster.spec, group_name, profiling)) for p in placements]
+    executables = [worker_executable(p, cluster.spec, group_name, profiling) for p in placements]
+    keys = [
+        None if e is None else (p.cluster_node_rank, e) for p, e in zip(placements, executables, strict=True)
+    ]
     needed = {key for key in keys if key is not None}
     if not needed:
         return [None] * len(placements)
@@ -125,10 +126,6 @@ def worker_runtime_envs(
     ]
 
 
-def _probe_key(placement: Placement, executable: WorkerExecutable | None) -> ProbeKey | None:
-    return None if executable is None else (placement.cluster_node_rank, executable)
-
-
 # ------------------------------------------------------------------------------ the node check
 
 
@@ -144,22 +141,18 @@ class ProbeResult:
 def _probe_nodes(cluster: Cluster, needed: set[ProbeKey]) -> dict[ProbeKey, ProbeResult]:
     """Run every probe at once, each pinned to its node, and wait for all with one deadline."""
     probe = ray.remote(num_cpus=0, max_retries=0)(probe_command)
-    refs = {
-        key: probe.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.node(key[0]).node_id, soft=False)
-        ).remote(key[1], key[0])
-        for key in needed
-    }
-    ready, _ = ray.wait(
-        list(refs.values()), num_returns=len(refs), timeout=PROBE_TIMEOUT_S + SCHEDULE_SLACK_S
-    )
-    return {key: _result(ref, ref in ready, key[0]) for key, ref in refs.items()}
+    refs: dict[ProbeKey, ray.ObjectRef] = {}
+    for node_rank, executable in needed:
+        pinned = NodeAffinitySchedulingStrategy(cluster.node(node_rank).node_id, soft=False)
+        refs[node_rank, executable] = probe.options(scheduling_strategy=pinned).remote(executable, node_rank)
+    limit = PROBE_TIMEOUT_S + SCHEDULE_SLACK_S
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=limit)
+    return {key: _result(ref, ref in ready, key[0], limit) for key, ref in refs.items()}
 
 
-def _result(ref: ray.ObjectRef, ready: bool, node_rank: int) -> ProbeResult:
+def _result(ref: ray.ObjectRef, ready: bool, node_rank: int, limit: float) -> ProbeResult:
     if not ready:
         ray.cancel(ref, force=True)
-        limit = PROBE_TIMEOUT_S + SCHEDULE_SLACK_S
         return ProbeResult(
             "", f"the interpreter check on node {node_rank} did not finish within {limit:.0f} s"
         )
@@ -232,13 +225,3 @@ def _version_mismatch(found: dict, shown: str, node_rank: int) -> str | None:
             f"{ray.__version__}"
         )
     return None
-
-
-__all__ = [
-    "ProbeResult",
-    "WorkerExecutable",
-    "probe_command",
-    "worker_executable",
-    "worker_runtime_env",
-    "worker_runtime_envs",
-]

@@ -60,9 +60,8 @@ def fuse(**roles: type[Worker]) -> type[Worker]:
         def rlinfra_role_call(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
             return getattr(self._role_instances[role], method)(*args, **kwargs)
 
-    FusedWorker.__name__ = FusedWorker.__qualname__ = "Fused" + "".join(
-        cls.__name__ for cls in roles.values()
-    )
+    name = "Fused" + "".join(cls.__name__ for cls in roles.values())
+    FusedWorker.__name__ = FusedWorker.__qualname__ = name
     return FusedWorker
 
 

@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
+from ray.exceptions import ActorDiedError, RayError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.env_vars import EnvVars
 from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
+from rlinfra.runtime import process_groups
 from rlinfra.runtime.bundles import ActorReservation
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.cluster import Cluster
@@ -43,7 +43,7 @@ from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, driver_allowlist
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
-from rlinfra.runtime.group_views import ROLE_CALL, GroupMethod, WorkerGroupView
+from rlinfra.runtime.group_views import GroupMethod, WorkerGroupView
 from rlinfra.runtime.hosting import HostMethods, WorkerContext, hosted_class
 from rlinfra.runtime.layout import Layout, cpus_per_process
 from rlinfra.runtime.progress import WATCH_GROUP
@@ -93,7 +93,6 @@ class WorkerGroup:
         self._own_layout: Layout | None = None  # reserved by launch when not given one
         self._secrets: SecretsChannel | None = None
         self._cluster: Cluster | None = None
-        self._actor_cls: Any = None
         self._spawn_specs: list[tuple[WorkerContext, dict[str, Any]]] = []  # per rank, for replace
         self.launch_timeout = DEFAULT_LAUNCH_TIMEOUT_S
         self.restart_budget = RestartBudget(None)
@@ -156,7 +155,14 @@ class WorkerGroup:
         deadline = Deadline.after(launch_timeout)
         # Configuration mistakes (credential-like env values, unreadable secrets) fail here,
         # before anything is reserved or started.
-        envs = self._worker_envs(cluster, placement_strategy.env_vars)
+        component_envs = WorkerEnvs(
+            cluster.spec,
+            worker_cls=self.worker_cls,
+            component_env=placement_strategy.env_vars,
+            component=self.name,
+            allowlist=driver_allowlist(cluster.config.env_allowlist),
+        )
+        envs = [component_envs.of(placement) for placement in self.placements]
         try:
             self._secrets = publish_secrets(cluster.config.secrets)
             # python_interpreter_path and profiling: each command checked on its node before
@@ -174,7 +180,7 @@ class WorkerGroup:
             pg, reservations = layout.slot(self.name, self.placements, cpus)
             self._layout = layout
             self._check_bundle_nodes()
-            self._start_actors(pg, reservations, envs, runtime_envs, cluster.spec)
+            self._start_actors(pg, reservations, envs, runtime_envs)
             self.worker_info = self._await_ready(deadline)
             self._check_ray_device_ids()
             self.refresh_master_address(deadline.left())
@@ -183,25 +189,13 @@ class WorkerGroup:
             raise
         return self
 
-    def _worker_envs(self, cluster: Cluster, component_env: EnvVars) -> list[ResolvedEnv]:
-        envs = WorkerEnvs(
-            cluster.spec,
-            worker_cls=self.worker_cls,
-            component_env=component_env,
-            component=self.name,
-            allowlist=driver_allowlist(cluster.config.env_allowlist),
-        )
-        return [envs.of(placement) for placement in self.placements]
-
     def _start_actors(
         self,
         pg: PlacementGroup,
         reservations: list[ActorReservation],
         envs: list[ResolvedEnv],
         runtime_envs: list[dict[str, Any] | None],
-        spec: ClusterSpec,
     ) -> None:
-        self._actor_cls = actor_class(self.worker_cls)
         for placement, reservation, env, runtime_env in zip(
             self.placements, reservations, envs, runtime_envs, strict=True
         ):
@@ -212,22 +206,20 @@ class WorkerGroup:
                 unset_env=() if placement.is_isolated else tuple(VISIBILITY_ENV.values()),
                 merge_env=env.merge_with_inherited,
                 secrets=self._secrets,
-                hardware=spec.hardware_units(placement),
+                hardware=self.cluster.spec.hardware_units(placement),
             )
-            options: dict[str, Any] = {
+            options = {
                 "name": f"{self.name}:{placement.rank}",
                 "num_cpus": reservation.num_cpus,
                 "num_gpus": reservation.num_gpus,
+                "resources": dict(reservation.resources),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=reservation.bundle_index
                 ),
                 "max_restarts": 0,
                 "max_concurrency": self.max_concurrency,
+                "runtime_env": runtime_env,
             }
-            if reservation.resources:
-                options["resources"] = dict(reservation.resources)
-            if runtime_env is not None:
-                options["runtime_env"] = runtime_env
             self._spawn_specs.append((context, options))
             self.actors.append(self._spawn(placement.rank))
 
@@ -235,7 +227,8 @@ class WorkerGroup:
         """A new actor for ``rank``: same name, bundle, resources and context as the first one."""
         context, options = self._spawn_specs[rank]
         context = dataclasses.replace(context, incarnation=incarnation)
-        return self._actor_cls.options(**options).remote(context, *self._args, **self._kwargs)
+        actor_cls = actor_class(self.worker_cls)
+        return actor_cls.options(**options).remote(context, *self._args, **self._kwargs)
 
     @property
     def reservations(self) -> list[ActorReservation]:
@@ -298,12 +291,18 @@ class WorkerGroup:
         rank learns ``MASTER_ADDR``/``MASTER_PORT``; within ``timeout`` seconds. ``launch`` does it
         once; ``rlinfra.runtime.rendezvous`` again before and after each process group."""
         deadline = Deadline.after(timeout)
-        reserving = self.call(HostMethods.rlinfra_reserve_port, [0], action="reserving the rendezvous port")
+        reserve = (process_groups.reserve_master_port,)
+        reserving = self.call(
+            HostMethods.rlinfra_run, [0], args=reserve, action="reserving the rendezvous port"
+        )
         address, port = reserving.wait(timeout)[0]
-        env = {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
-        publishing = self.call(HostMethods.rlinfra_set_env, args=(env,), action="publishing MASTER_ADDR")
-        publishing.wait(deadline.left())
-        self.master_address = (address, port)
+        self._publish_master((address, port), self.ranks, deadline.left())
+
+    def _publish_master(self, master: tuple[str, int], ranks: list[int], timeout: float) -> None:
+        """Tell ``ranks`` the rendezvous address rank 0 holds (``MASTER_ADDR``/``MASTER_PORT``)."""
+        publish = (process_groups.set_master, *master)
+        self.call(HostMethods.rlinfra_run, ranks, args=publish, action="publishing MASTER_ADDR").wait(timeout)
+        self.master_address = master
 
     # ------------------------------------------------------------------------------- dispatch
     @property
@@ -345,9 +344,7 @@ class WorkerGroup:
         return WorkerGroupView(self, None).__getattr__(method)
 
     def node_rank_of(self, rank: int) -> int | None:
-        if 0 <= rank < len(self.placements):
-            return self.placements[rank].cluster_node_rank
-        return None
+        return self.placements[rank].cluster_node_rank if 0 <= rank < len(self.placements) else None
 
     def node_id_of(self, rank: int) -> str:
         """The Ray node id the worker of ``rank`` started on, as it reported when it came up."""
@@ -372,6 +369,8 @@ class WorkerGroup:
         kwargs: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         action: str | None = None,
+        gather: Callable[[list[Any]], Any] | None = None,
+        label: str | None = None,
     ) -> GroupCall:
         """Call ``method`` on ``ranks`` (every rank by default) and return the pending ``GroupCall``.
 
@@ -379,60 +378,44 @@ class WorkerGroup:
         that a reader can follow the call into the worker. Rank ``ranks[i]`` gets
         ``*per_rank[i]`` when ``per_rank`` is given, else ``*args``; every rank gets ``kwargs``.
         ``timeout`` is the default deadline of ``wait`` (the group's ``call_timeout`` otherwise);
-        ``action`` names the call in errors (the method's name otherwise). This is the one door
-        other layers use to reach a group's workers.
+        ``action`` names the call in errors (the method's name otherwise); ``gather`` combines the
+        results (a split call); ``label`` names the group in errors (a fused role). This is the one
+        door every call goes through (``group.method(...)``, views, roles, other layers), past the
+        ``call_guard``.
         """
         name = method if isinstance(method, str) else method.__name__
         chosen = self.ranks if ranks is None else list(ranks)
         if per_rank is not None and len(per_rank) != len(chosen):
             raise ValueError(f"{self.name}.{name}: {len(per_rank)} argument tuples for {len(chosen)} ranks")
-        calls = per_rank if per_rank is not None else [args] * len(chosen)
-        return self.fan_out(name, chosen, calls, kwargs or {}, action=action, timeout=timeout)
-
-    def fan_out(
-        self,
-        name: str,
-        ranks: list[int],
-        per_rank_args: Sequence[tuple[Any, ...]],
-        kwargs: Mapping[str, Any],
-        *,
-        action: str | None = None,
-        timeout: float | None = None,
-        gather: Callable[[list[Any]], Any] | None = None,
-        label: str | None = None,
-    ) -> GroupCall:
-        """Send ``name(*per_rank_args[i], **kwargs)`` to rank ``ranks[i]``: the one place every call
-        (``call``, ``group.method(...)``, views, roles) goes through, past the ``call_guard``.
-        ``gather`` combines the results; ``label`` names the group in errors (a fused role)."""
         if self.call_guard is not None:
-            self.call_guard(name, ranks)
-        actors = self.actors
+            self.call_guard(name, chosen)
+        calls = per_rank if per_rank is not None else [args] * len(chosen)
+        options = kwargs or {}
         refs = [
-            getattr(actors[r], name).remote(*a, **kwargs) for r, a in zip(ranks, per_rank_args, strict=True)
+            getattr(self.actors[r], name).remote(*a, **options) for r, a in zip(chosen, calls, strict=True)
         ]
-        return GroupCall(
-            label or self.name,
-            action or name,
-            refs,
-            ranks,
-            self.node_rank_of,
-            self.call_timeout if timeout is None else timeout,
-            gather,
-            self._cluster.dead_node_ranks if self._cluster is not None else set,
-            progress=self,
-            stuck_after=self.stuck_after,
-        )
+        timeout = self.call_timeout if timeout is None else timeout
+        return GroupCall(self, action or name, refs, chosen, timeout, gather, label)
 
     def heartbeat_ages(self, ranks: Sequence[int], timeout_s: float) -> dict[int, float | None]:
         """Seconds since each rank's last ``heartbeat()`` (None: never), as the ranks answer in
         their watch thread within ``timeout_s``; ranks that do not answer are left out."""
+        answers = self._probe(ranks, timeout_s)
+        return {rank: age for rank, age in answers.items() if not isinstance(age, RayError)}
+
+    def _probe(self, ranks: Sequence[int], timeout_s: float) -> dict[int, Any]:
+        """Each rank's answer to a heartbeat probe within ``timeout_s``: its heartbeat age, or the
+        ``RayError`` the probe raised (a dead rank's fails at once); ranks that do not answer are
+        left out. Probes are answered in the ranks' watch threads, so busy or stuck ranks answer."""
         refs = {self.actors[rank].rlinfra_heartbeat_age.remote(): rank for rank in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        ages: dict[int, float | None] = {}
+        answers: dict[int, Any] = {}
         for ref in ready:
-            with contextlib.suppress(ray.exceptions.RayError):  # a dead rank: the wait reports it
-                ages[refs[ref]] = ray.get(ref, timeout=0)
-        return ages
+            try:
+                answers[refs[ref]] = ray.get(ref, timeout=0)
+            except RayError as error:
+                answers[refs[ref]] = error
+        return answers
 
     def stack_of(self, rank: int) -> str:
         """The rank's Python stack now: py-spy's view from outside (it works while the worker holds
@@ -443,7 +426,7 @@ class WorkerGroup:
             return stack
         ref = self.actors[rank].rlinfra_thread_stacks.remote()
         ready, _ = ray.wait([ref], timeout=PROBE_TIMEOUT_S)
-        with contextlib.suppress(ray.exceptions.RayError):
+        with contextlib.suppress(RayError):
             if ready:
                 return "(from inside the worker; py-spy could not attach)\n" + ray.get(ref, timeout=0)
         return "(no stack: py-spy could not attach, and the worker holds its interpreter)"
@@ -454,15 +437,9 @@ class WorkerGroup:
         busy or stuck rank still answers; a dead one's probe fails at once."""
         dead_nodes = self.cluster.dead_node_ranks()
         gone = {rank for rank in self.ranks if self.node_rank_of(rank) in dead_nodes}
-        probes = {self.actors[r].rlinfra_heartbeat_age.remote(): r for r in self.ranks if r not in gone}
-        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=timeout_s)
-        for ref in ready:
-            try:
-                ray.get(ref, timeout=0)
-            except ray.exceptions.ActorDiedError:
-                gone.add(probes[ref])
-            except ray.exceptions.RayError:  # unavailable for now, not known dead: not replaced
-                pass
+        answers = self._probe([rank for rank in self.ranks if rank not in gone], timeout_s)
+        # A rank unavailable for now (not known dead) is not gone: it is not replaced.
+        gone.update(rank for rank, answer in answers.items() if isinstance(answer, ActorDiedError))
         return sorted(gone)
 
     def replace(self, rank: int, reason: str = "", *, timeout: float | None = None) -> Restart:
@@ -492,12 +469,8 @@ class WorkerGroup:
 
         try:
             if node_rank in self.cluster.dead_node_ranks():
-                raise UnreplaceableError(
-                    self.name,
-                    rank,
-                    node_rank,
-                    "its node is gone, so its bundle and devices cannot be had again",
-                )
+                lost = "its node is gone, so its bundle and devices cannot be had again"
+                raise UnreplaceableError(self.name, rank, node_rank, lost)
             self.restart_budget.charge(self.name, rank, node_rank)
         except SupervisionError as error:
             record(REFUSED, str(error))
@@ -562,7 +535,11 @@ class WorkerGroup:
         infos = ready.wait(timeout=deadline.left(), stuck_after=None)
         for rank, info in zip(ranks, infos, strict=True):
             self.worker_info[rank] = info
-            self._publish_master(rank, deadline.left())
+        # A new rank 0 binds the rendezvous port again for everyone; other new ranks learn the address.
+        if 0 in ranks or self.master_address is None:
+            self.refresh_master_address(deadline.left())
+        else:
+            self._publish_master(self.master_address, ranks, deadline.left())
 
     def _retire(self, rank: int, deadline: Deadline) -> None:
         """Kill the rank's actor and wait until Ray has let go of it (its name is free again)."""
@@ -581,18 +558,6 @@ class WorkerGroup:
 
         message = f"worker group {self.name!r}: Ray still holds actor {name!r} after it was killed"
         poll(released, deadline, lambda: ClusterError(message), every_s=NAME_RELEASE_POLL_S)
-
-    def _publish_master(self, rank: int, timeout: float) -> None:
-        """A replaced rank 0 binds the rendezvous port again for everyone; another replaced rank
-        learns the current address."""
-        if rank == 0 or self.master_address is None:
-            self.refresh_master_address(timeout)
-            return
-        address, port = self.master_address
-        env = {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
-        self.call(HostMethods.rlinfra_set_env, [rank], args=(env,), action="publishing MASTER_ADDR").wait(
-            timeout
-        )
 
     # ------------------------------------------------------------------------------- teardown
     def shutdown(self) -> None:
@@ -638,6 +603,3 @@ def _progress_until_ready(refs: list[Any], deadline: Deadline, name: str) -> Non
         while pending and not deadline.expired:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.5, deadline.left()))
             progress.update(task, completed=len(refs) - len(pending))
-
-
-__all__ = ["ROLE_CALL", "CallGuard", "GroupMethod", "WorkerGroup", "WorkerGroupView"]

@@ -1,6 +1,6 @@
 """How a call reaches a group's ranks in RLinf's style: ``group.method(...)`` broadcasts,
 ``group.execute_on(0, 2).method(...)`` picks ranks, ``group.role("actor")`` picks a fused role,
-``.scatter``/``.split`` dispatch per rank. Each form ends in ``WorkerGroup.fan_out``."""
+``.scatter``/``.split`` dispatch per rank. Each form ends in ``WorkerGroup.call``."""
 
 from __future__ import annotations
 
@@ -75,10 +75,7 @@ class GroupMethod:
     def _fan_out(self, per_rank_args: list[tuple], kwargs: dict[str, Any], gather: Any = None) -> GroupCall:
         group, role, method = self._group, self._role, self._method
         if role is None:
-            return group.fan_out(method, self._ranks, per_rank_args, kwargs, gather=gather)
+            return group.call(method, self._ranks, per_rank_args, kwargs=kwargs, gather=gather)
         role_args = [(role, method, args, kwargs) for args in per_rank_args]
         label = f"{group.name}/{role}"
-        return group.fan_out(ROLE_CALL, self._ranks, role_args, {}, action=method, gather=gather, label=label)
-
-
-__all__ = ["ROLE_CALL", "GroupMethod", "WorkerGroupView"]
+        return group.call(ROLE_CALL, self._ranks, role_args, action=method, gather=gather, label=label)

@@ -4,8 +4,9 @@
 ``WorkerContext`` — rank attributes, environment (``RANK``, ``LOCAL_RANK``, visibility …, composed
 by ``rlinfra.runtime.env``), secrets — and only then runs the user's ``__init__``, so
 ``self._rank`` and ``self.secret(...)`` work there even if the user forgets ``super().__init__()``.
-``HostMethods`` are what the driver calls on every hosted worker (readiness, the rendezvous port,
-process groups, through ``WorkerGroup.call``). Kept apart from ``rlinfra.runtime.worker``: the
+``HostMethods`` are what the driver calls on every hosted worker (readiness, progress probes, and
+``rlinfra_run`` for the worker-side functions of ``rlinfra.runtime.process_groups``: the rendezvous
+port, process groups), through ``WorkerGroup.call``. Kept apart from ``rlinfra.runtime.worker``: the
 group imports this module, and the ``Worker`` class users subclass imports the group.
 """
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
@@ -25,6 +27,7 @@ from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import receive_secrets
 
 SECRETS_TIMEOUT_S = 60.0
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # annotations only: a worker never loads the config parser
     from rlinfra.placement.node_groups import HardwareUnit
@@ -66,8 +69,6 @@ class HostMethods:
     """Methods rlinfra calls on every hosted worker (``WorkerGroup.call(HostMethods.…)``); the
     ``rlinfra_`` prefix keeps them clear of user methods."""
 
-    _rlinfra_master_port: int | None = None
-
     def _rlinfra_bind_context(self, context: WorkerContext) -> None:
         """The attributes ``Worker`` documents (RLinf's names), the environment and the secrets."""
         placement = context.placement
@@ -88,17 +89,8 @@ class HostMethods:
         return {
             "node_id": context.get_node_id(),
             "pid": os.getpid(),
-            "ip": ray.util.get_node_ip_address(),
             "ray_accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items() if v},
         }
-
-    def rlinfra_reserve_port(self) -> tuple[str, int]:
-        """Bind a free port on this node and hold it (no probe-then-bind race) until the process
-        group's store takes the very socket over."""
-        port = self._rlinfra_master_port
-        if port is None or not process_groups.holds_port(port):
-            port = self._rlinfra_master_port = process_groups.hold_port()
-        return ray.util.get_node_ip_address(), port
 
     @ray.method(concurrency_group=WATCH_GROUP)
     def rlinfra_heartbeat_age(self) -> float | None:
@@ -110,33 +102,13 @@ class HostMethods:
     def rlinfra_thread_stacks(self) -> str:
         return progress.thread_stacks()
 
-    def rlinfra_set_env(self, env: dict[str, str]) -> None:
-        os.environ.update(env)
-
-    def rlinfra_init_distributed(self, backend: str | None, timeout_s: float) -> str:
-        return process_groups.init_process_group(backend, timeout_s)
-
-    def rlinfra_destroy_distributed(self) -> None:
-        process_groups.destroy_process_group()
-
-    def rlinfra_reserve_cross_port(self, name: str) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), process_groups.reserve_cross_port(name)
-
-    def rlinfra_join_cross_group(
-        self,
-        name: str,
-        address: str,
-        port: int,
-        rank: int,
-        world_size: int,
-        backend: str | None,
-        timeout_s: float,
-    ) -> str:
-        joined = process_groups.join_cross_group(name, address, port, rank, world_size, backend, timeout_s)
-        return joined.backend
-
-    def rlinfra_leave_cross_group(self, name: str) -> None:
-        process_groups.leave_cross_group(name)
+    def rlinfra_run(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in this worker's process: how the driver reaches rlinfra's
+        worker-side functions (``rlinfra.runtime.process_groups``) through ``WorkerGroup.call``,
+        e.g. ``group.call(HostMethods.rlinfra_run, args=(init_process_group, backend, timeout_s))``;
+        one door instead of a forwarding method per function. ``function`` travels by reference
+        (a module-level function), so it must be importable in the worker."""
+        return function(*args)
 
 
 def hosted_class(worker_cls: type) -> type:

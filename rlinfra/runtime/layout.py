@@ -58,24 +58,15 @@ class Layout:
         """
         strategies = _strategies(placement, components)
         groups = {label: group.constraints for label, group in cluster.spec.node_groups.items()}
-        self.placements: dict[str, list[Placement]] = {
-            name: strategy.get_placement(cluster, isolate_accelerator)
-            for name, strategy in strategies.items()
-        }
-        self.constraints: dict[str, list[Constraints]] = {
-            name: process_constraints(self.placements[name], strategy.constraints, groups)
-            for name, strategy in strategies.items()
-        }
-        self.num_cpus: dict[str, float | None] = {
-            name: cpus_per_process(name, _given(num_cpus, name), strategy.num_cpus)
-            for name, strategy in strategies.items()
-        }
-        self.plan: LayoutPlan = plan_layout(
-            self.placements,
-            self.num_cpus,
-            {node.rank: node.resources for node in cluster.nodes},
-            self.constraints,
-        )
+        self.placements: dict[str, list[Placement]] = {}
+        self.constraints: dict[str, list[Constraints]] = {}
+        self.num_cpus: dict[str, float | None] = {}
+        for name, strategy in strategies.items():
+            self.placements[name] = strategy.get_placement(cluster, isolate_accelerator)
+            self.constraints[name] = process_constraints(self.placements[name], strategy.constraints, groups)
+            self.num_cpus[name] = cpus_per_process(name, _given(num_cpus, name), strategy.num_cpus)
+        node_resources = {node.rank: node.resources for node in cluster.nodes}
+        self.plan: LayoutPlan = plan_layout(self.placements, self.num_cpus, node_resources, self.constraints)
         self._cluster = cluster
         what = what or "layout " + ",".join(strategies)
         self.pg: PlacementGroup | None = reserve(self.plan, cluster, timeout, what, self.constraints)
@@ -183,9 +174,7 @@ def reserve(
         message = f"{what}: {missing_resources(plan, cluster, timeout)}"
         described = describe_constraints(constraints or {})
         if described:
-            message += "\n  topology constraints in force:\n" + "\n".join(
-                f"    {line}" for line in described.splitlines()
-            )
+            message += "\n  topology constraints in force:\n" + "\n".join(f"    {line}" for line in described)
         raise ReservationError(message)
     return pg
 

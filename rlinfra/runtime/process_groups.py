@@ -35,6 +35,7 @@ _LISTEN_BACKLOG = 128
 # plain functions called from user code, and find what they need here.
 _listen_address = "127.0.0.1"  # the node's address (see listen_on); loopback until told
 _HELD: dict[int, socket.socket] = {}  # port → listening socket not yet handed to torch
+_master_port: int | None = None  # the default group's port, held here on rank 0
 _CROSS_PORTS: dict[str, int] = {}  # cross group name → the port reserved for it in this process
 _CROSS_GROUPS: dict[str, CrossGroup] = {}  # cross groups this process has joined
 
@@ -68,10 +69,13 @@ def listen_on(address: str) -> None:
             os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
-def hold_port() -> int:
-    """Bind a free port on this node's address (``listen_on``) and keep listening on it until
-    torch takes it over (``init_process_group``/``join_cross_group``) or ``release_port``.
-    Connections that arrive early wait in the backlog instead of being refused."""
+def hold_port(held: int | None = None) -> int:
+    """``held`` if this process still holds that port, else a free port newly bound on this node's
+    address (``listen_on``): listened on until torch takes it over (``init_process_group``/
+    ``join_cross_group``) or ``leave_cross_group`` closes it. Connections that arrive early wait in
+    the backlog instead of being refused."""
+    if held is not None and held in _HELD:
+        return held
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((_listen_address, 0))
@@ -81,15 +85,18 @@ def hold_port() -> int:
     return port
 
 
-def holds_port(port: int | None) -> bool:
-    return port in _HELD
+def reserve_master_port() -> tuple[str, int]:
+    """Rank 0: the address and port the default process group will meet at, held (no
+    probe-then-bind race) until its store takes the very socket over; the one still held, else a
+    fresh one (a process group consumed the last)."""
+    global _master_port
+    _master_port = hold_port(_master_port)
+    return _listen_address, _master_port
 
 
-def release_port(port: int | None) -> None:
-    """Close the socket holding ``port``, if this process still holds it."""
-    sock = _HELD.pop(port, None) if port is not None else None
-    if sock is not None:
-        sock.close()
+def set_master(address: str, port: int) -> None:
+    """Where this process's default process group meets (``MASTER_ADDR``/``MASTER_PORT``)."""
+    os.environ.update({"MASTER_ADDR": address, "MASTER_PORT": str(port)})
 
 
 def _require_torch() -> Any:
@@ -135,18 +142,10 @@ def _tcp_store(address: str, port: int, rank: int, world_size: int, timeout: tim
     rendezvous outside rlinfra), rank 0 binds the port itself.
     """
     dist = _require_torch().distributed
-    if rank != 0:
-        return dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
-    held = _HELD.pop(port, None)
-    return dist.TCPStore(
-        address,
-        port,
-        world_size,
-        is_master=True,
-        timeout=timeout,
-        wait_for_workers=True,
-        master_listen_fd=held.detach() if held is not None else None,
-    )
+    held = _HELD.pop(port, None) if rank == 0 else None
+    fd = held.detach() if held is not None else None
+    # torch's default wait_for_workers=True: rank 0's store returns once every rank has connected.
+    return dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=fd)
 
 
 def init_process_group(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
@@ -203,14 +202,13 @@ class CrossGroup:
         self.process_group.barrier().wait()
 
 
-def reserve_cross_port(name: str) -> int:
-    """Hold a port for cross group ``name`` here (its rank 0); asking twice gives the same port."""
+def reserve_cross_port(name: str) -> tuple[str, int]:
+    """Hold a port for cross group ``name`` here (its rank 0) and return the address and port;
+    asking twice gives the same port."""
     if name in _CROSS_GROUPS:
         raise RuntimeError(f"this process is already in cross group {name!r}: leave it first")
-    port = _CROSS_PORTS.get(name)
-    if port is None or not holds_port(port):
-        port = _CROSS_PORTS[name] = hold_port()
-    return port
+    _CROSS_PORTS[name] = hold_port(_CROSS_PORTS.get(name))
+    return _listen_address, _CROSS_PORTS[name]
 
 
 def _new_backend(backend: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
@@ -235,10 +233,11 @@ def join_cross_group(
     world_size: int,
     backend: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> CrossGroup:
-    """Join cross group ``name`` as ``rank`` of ``world_size``; blocks until every member joined
-    (gloo connects at once; nccl connects at the first collective). Rank 0 serves the store on the
-    port ``reserve_cross_port`` holds."""
+) -> str:
+    """Join cross group ``name`` as ``rank`` of ``world_size`` and return the backend used (the
+    group itself is ``cross_group(name)``); blocks until every member joined (gloo connects at
+    once; nccl connects at the first collective). Rank 0 serves the store on the port
+    ``reserve_cross_port`` holds."""
     if name in _CROSS_GROUPS:
         raise RuntimeError(f"this process is already in cross group {name!r}: leave it first")
     backend = backend or default_backend()
@@ -246,8 +245,8 @@ def join_cross_group(
     store = _tcp_store(address, port, rank, world_size, timeout)
     process_group = _new_backend(backend, store, rank, world_size, timeout)
     _CROSS_PORTS.pop(name, None)
-    joined = _CROSS_GROUPS[name] = CrossGroup(name, rank, world_size, backend, process_group, store)
-    return joined
+    _CROSS_GROUPS[name] = CrossGroup(name, rank, world_size, backend, process_group, store)
+    return backend
 
 
 def cross_group(name: str) -> CrossGroup:
@@ -262,7 +261,9 @@ def cross_group(name: str) -> CrossGroup:
 def leave_cross_group(name: str) -> None:
     """Leave cross group ``name`` and free its port; leaving a group not joined does nothing, so a
     driver may clean up after a failed bring-up without knowing who got how far."""
-    release_port(_CROSS_PORTS.pop(name, None))
+    port = _CROSS_PORTS.pop(name, None)
+    if port is not None and port in _HELD:
+        _HELD.pop(port).close()
     joined = _CROSS_GROUPS.pop(name, None)
     if joined is not None:
         with contextlib.suppress(Exception):  # a backend without shutdown is freed with its object

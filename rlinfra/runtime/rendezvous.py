@@ -12,10 +12,11 @@ in seconds, while its peers are still blocked in the store.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rlinfra.runtime import process_groups
 from rlinfra.runtime.calls import GroupCall, wait_all
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import WorkerGroupError
@@ -42,46 +43,39 @@ def bring_up(group: WorkerGroup, backend: str | None = None, timeout_s: float = 
     """
     deadline = Deadline.after(timeout_s + DRIVER_MARGIN_S)
     group.refresh_master_address(deadline.left())  # a fresh held port if a previous run consumed it
-    init, action = HostMethods.rlinfra_init_distributed, "joining the process group"
-    group.call(init, args=(backend, timeout_s), action=action).wait(deadline.left())
+    init = (process_groups.init_process_group, backend, timeout_s)
+    group.call(HostMethods.rlinfra_run, args=init, action="joining the process group").wait(deadline.left())
 
 
 def tear_down(group: WorkerGroup, timeout_s: float = 30.0) -> None:
     """Destroy every rank's default process group; rank 0 then holds a fresh ``MASTER_PORT`` again,
     so the group is as ``launch`` left it."""
     deadline = Deadline.after(timeout_s)
-    destroy, action = HostMethods.rlinfra_destroy_distributed, "destroying the process group"
-    group.call(destroy, action=action).wait(deadline.left())
+    destroy = (process_groups.destroy_process_group,)
+    group.call(HostMethods.rlinfra_run, args=destroy, action="destroying the process group").wait(
+        deadline.left()
+    )
     group.refresh_master_address(deadline.left())
 
 
 @dataclass(frozen=True)
-class CrossMember:
-    """One participant of a cross group: its worker group, its rank there and its cross rank."""
-
-    group: str
-    rank: int
-    cross_rank: int
-
-
-@dataclass(frozen=True)
 class CrossGroupInfo:
-    """What the driver knows of a cross group it brought up (pass it to ``tear_down_cross``)."""
+    """What the driver knows of a cross group it brought up (pass it to ``tear_down_cross``);
+    ``cross_ranks`` maps (worker group name, rank) to the member's cross rank."""
 
     name: str
     address: str
     port: int
     world_size: int
     backend: str
-    members: tuple[CrossMember, ...]
+    cross_ranks: Mapping[tuple[str, int], int]
     _groups: tuple[Member, ...] = field(repr=False, compare=False)
 
     def rank_of(self, group: str, rank: int) -> int:
         """The cross rank of ``rank`` of worker group ``group``."""
-        for member in self.members:
-            if (member.group, member.rank) == (group, rank):
-                return member.cross_rank
-        raise KeyError(f"rank {rank} of {group!r} is not in cross group {self.name!r}")
+        if (group, rank) not in self.cross_ranks:
+            raise KeyError(f"rank {rank} of {group!r} is not in cross group {self.name!r}")
+        return self.cross_ranks[group, rank]
 
 
 def _ordered_members(name: str, members: Sequence[tuple[WorkerGroup, Sequence[int]]]) -> tuple[Member, ...]:
@@ -123,47 +117,34 @@ def bring_up_cross(
     """
     ordered = _ordered_members(name, members)
     first, first_ranks = ordered[0]
-    reserving = first.call(
-        HostMethods.rlinfra_reserve_cross_port,
-        first_ranks[:1],
-        args=(name,),
-        action=f"reserving a port for cross group {name!r}",
-    )
+    reserve, action = (process_groups.reserve_cross_port, name), f"reserving a port for cross group {name!r}"
+    reserving = first.call(HostMethods.rlinfra_run, first_ranks[:1], args=reserve, action=action)
     address, port = reserving.wait(timeout_s + DRIVER_MARGIN_S)[0]
-    calls, cross_members = _issue_joins(name, ordered, address, port, backend, timeout_s)
+    # Every join is sent before any is waited on; cross ranks count in member order.
+    world_size = sum(len(ranks) for _, ranks in ordered)
+    join, action = (process_groups.join_cross_group, name, address, port), f"joining cross group {name!r}"
+    calls: list[GroupCall] = []
+    cross_ranks: dict[tuple[str, int], int] = {}
+    offset = 0  # the cross rank of the member's lowest rank
+    for group, ranks in ordered:
+        cross_ranks.update({(group.name, rank): offset + i for i, rank in enumerate(ranks)})
+        joins = [(*join, offset + i, world_size, backend, timeout_s) for i in range(len(ranks))]
+        calls.append(group.call(HostMethods.rlinfra_run, ranks, joins, action=action))
+        offset += len(ranks)
     try:
         backends = wait_all(calls, timeout_s + DRIVER_MARGIN_S)
     except WorkerGroupError:
         _leave_later(name, ordered)
         raise
-    return CrossGroupInfo(name, address, port, len(cross_members), backends[0][0], cross_members, ordered)
-
-
-def _issue_joins(
-    name: str,
-    ordered: Sequence[Member],
-    address: str,
-    port: int,
-    backend: str | None,
-    timeout_s: float,
-) -> tuple[list[GroupCall], tuple[CrossMember, ...]]:
-    """Send every member its join (cross ranks counted in member order) without waiting on any."""
-    world_size = sum(len(ranks) for _, ranks in ordered)
-    calls: list[GroupCall] = []
-    cross_members: list[CrossMember] = []
-    for group, ranks in ordered:
-        first = len(cross_members)
-        cross_members.extend(CrossMember(group.name, rank, first + i) for i, rank in enumerate(ranks))
-        joins = [(name, address, port, first + i, world_size, backend, timeout_s) for i in range(len(ranks))]
-        action = f"joining cross group {name!r}"
-        calls.append(group.call(HostMethods.rlinfra_join_cross_group, ranks, joins, action=action))
-    return calls, tuple(cross_members)
+    return CrossGroupInfo(name, address, port, world_size, backends[0][0], cross_ranks, ordered)
 
 
 def tear_down_cross(info: CrossGroupInfo, timeout_s: float = 30.0) -> None:
     """Every member leaves cross group ``info.name``."""
-    leave, action = HostMethods.rlinfra_leave_cross_group, f"leaving cross group {info.name!r}"
-    calls = [group.call(leave, ranks, args=(info.name,), action=action) for group, ranks in info._groups]
+    leave, action = (process_groups.leave_cross_group, info.name), f"leaving cross group {info.name!r}"
+    calls = [
+        group.call(HostMethods.rlinfra_run, ranks, args=leave, action=action) for group, ranks in info._groups
+    ]
     wait_all(calls, timeout_s)
 
 
@@ -173,4 +154,4 @@ def _leave_later(name: str, ordered: Sequence[Member]) -> None:
     group and the held port."""
     for group, ranks in ordered:
         with contextlib.suppress(Exception):  # a dead member has nothing to clean up
-            group.call(HostMethods.rlinfra_leave_cross_group, ranks, args=(name,))
+            group.call(HostMethods.rlinfra_run, ranks, args=(process_groups.leave_cross_group, name))

@@ -75,16 +75,14 @@ def read_secrets(specs: tuple[SecretSpec, ...], environ: Mapping[str, str] | Non
     return values
 
 
-def publish_secrets(
-    specs: tuple[SecretSpec, ...], environ: Mapping[str, str] | None = None
-) -> SecretsChannel | None:
+def publish_secrets(specs: tuple[SecretSpec, ...]) -> SecretsChannel | None:
     """Read the secrets and put them in Ray's object store once; ``None`` when there are none.
     The caller keeps the channel (its ``ObjectRef``) alive as long as its workers may start."""
     if not specs:
         return None
     import ray
 
-    values = read_secrets(specs, environ)
+    values = read_secrets(specs)
     exposed = tuple(spec.name for spec in specs if spec.expose_as_env)
     return SecretsChannel(ray.put(values), tuple(values), exposed)
 
@@ -106,14 +104,3 @@ def received_secret(name: str) -> str:
         known = ", ".join(sorted(_received)) or "none (cluster.secrets is empty)"
         raise KeyError(f"no secret {name!r} in this worker; secrets: {known}")
     return _received[name]
-
-
-__all__ = [
-    "SecretError",
-    "SecretSpec",
-    "SecretsChannel",
-    "publish_secrets",
-    "read_secrets",
-    "receive_secrets",
-    "received_secret",
-]

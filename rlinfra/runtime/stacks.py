@@ -23,26 +23,20 @@ PY_SPY_TIMEOUT_S = 10.0
 _SYSTEM_FILES = ("ray/", "threading.py", "queue.py", "selectors.py", "asyncio/", "concurrent/", "socket.py")
 
 
-def py_spy() -> str | None:
-    """The py-spy executable next to this interpreter (a virtualenv's), else on PATH."""
+def dump_on_node(pid: int) -> str | None:
+    """``py-spy dump`` of ``pid``, run where it lives (py-spy next to this interpreter, a
+    virtualenv's, else on PATH); None when py-spy is missing or cannot attach."""
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
-
-
-def dump_on_node(pid: int) -> str:
-    """``py-spy dump`` of ``pid``, run where it lives; an error message (no exception) if not."""
-    program = py_spy()
+    program = beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
     if program is None:
-        return "py-spy is not installed on this node"
+        return None
     try:
         done = subprocess.run(
             [program, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"py-spy failed: {error}"
-    if done.returncode != 0:
-        return f"py-spy failed: {(done.stderr or done.stdout).strip()[-500:]}"
-    return done.stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
 
 
 def python_stack(node_id: str, pid: int, timeout_s: float = PY_SPY_TIMEOUT_S + 5.0) -> str | None:
@@ -60,9 +54,7 @@ def python_stack(node_id: str, pid: int, timeout_s: float = PY_SPY_TIMEOUT_S + 5
         text = ray.get(ref)
     except ray.exceptions.RayError:
         return None
-    if text.startswith(("py-spy failed", "py-spy is not")):
-        return None
-    return user_threads(text)
+    return None if text is None else user_threads(text)
 
 
 def user_threads(dump: str) -> str:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from rlinfra.placement.restart import DEFAULT_RESTART, RestartPolicy
 
@@ -54,9 +53,6 @@ class Restart:
     outcome: str  # REPLACED, RESTARTED, REFUSED (budget or node) or FAILED (the new one did not come up)
     detail: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class RestartBudget:
     """``policy.max_restarts`` replacements within any ``policy.within_s`` seconds."""
@@ -77,24 +73,9 @@ class RestartBudget:
         now = time.monotonic()
         if self.used(now) >= self.policy.max_restarts:
             policy = self.policy
-            raise RestartBudgetExhausted(
-                component,
-                rank,
-                node_rank,
+            spent = (
                 f"restart budget spent: {policy.max_restarts} replacement(s) within {policy.within_s:g} s "
-                "(the component's restart setting in cluster.component_placement)",
+                "(the component's restart setting in cluster.component_placement)"
             )
+            raise RestartBudgetExhausted(component, rank, node_rank, spent)
         self._charged.append(now)
-
-
-__all__ = [
-    "FAILED",
-    "REFUSED",
-    "REPLACED",
-    "RESTARTED",
-    "Restart",
-    "RestartBudget",
-    "RestartBudgetExhausted",
-    "SupervisionError",
-    "UnreplaceableError",
-]

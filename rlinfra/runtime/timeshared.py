@@ -148,13 +148,8 @@ class TimeShared(Worker):
         return resident_set_bytes()
 
     def _rlinfra_refuse(self, method: str) -> None:
-        raise ComponentAsleepError(
-            self._group_name,
-            [self._rank],
-            method,
-            [self._rlinfra_yielded_to] if self._rlinfra_yielded_to else [],
-            [self._cluster_node_rank],
-        )
+        awake = [self._rlinfra_yielded_to] if self._rlinfra_yielded_to else []
+        raise ComponentAsleepError(self._group_name, [self._rank], method, awake, [self._cluster_node_rank])
 
 
 # Worker's and TimeShared's own names (hooks, log_info …), and a fused worker's way to its roles.
@@ -165,56 +160,40 @@ READ_RESIDENT = cast(Callable[[TimeShared], int], TimeShared.rlinfra_resident_by
 
 
 def _refused_while_asleep(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method``, refusing calls while the worker is asleep: one attribute read per call. The
+    """``method``, refusing calls while the worker is asleep: one attribute checked per call. The
     wrapper is of the method's kind (Ray tells async actors and streaming methods by it)."""
     name = method.__name__
-    if inspect.isasyncgenfunction(method):
-        guarded = _async_generator_guard(method, name)
-    elif inspect.iscoroutinefunction(method):
-        guarded = _coroutine_guard(method, name)
-    elif inspect.isgeneratorfunction(method):
-        guarded = _generator_guard(method, name)
-    else:
-        guarded = _plain_guard(method, name)
-    guarded = functools.wraps(method)(guarded)  # keeps Ray's @ray.method options and the signature
-    guarded._rlinfra_guarded = True  # type: ignore[attr-defined]
-    return guarded
 
-
-def _plain_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+    def refuse_if_asleep(self: TimeShared) -> None:
         if self._rlinfra_asleep:
             self._rlinfra_refuse(name)
-        return method(self, *args, **kwargs)
 
-    return guarded
-
-
-def _coroutine_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    async def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
-        return await method(self, *args, **kwargs)
-
-    return guarded
-
-
-def _generator_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
-        return (yield from method(self, *args, **kwargs))
-
-    return guarded
-
-
-def _async_generator_guard(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    async def guarded(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
-        if self._rlinfra_asleep:
-            self._rlinfra_refuse(name)
+    async def async_generator(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        refuse_if_asleep(self)
         async for item in method(self, *args, **kwargs):
             yield item
 
+    async def coroutine(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        refuse_if_asleep(self)
+        return await method(self, *args, **kwargs)
+
+    def generator(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        refuse_if_asleep(self)
+        return (yield from method(self, *args, **kwargs))
+
+    def plain(self: TimeShared, *args: Any, **kwargs: Any) -> Any:
+        refuse_if_asleep(self)
+        return method(self, *args, **kwargs)
+
+    guarded: Callable[..., Any] = plain
+    if inspect.isasyncgenfunction(method):
+        guarded = async_generator
+    elif inspect.iscoroutinefunction(method):
+        guarded = coroutine
+    elif inspect.isgeneratorfunction(method):
+        guarded = generator
+    guarded = functools.wraps(method)(guarded)  # keeps Ray's @ray.method options and the signature
+    guarded._rlinfra_guarded = True  # type: ignore[attr-defined]
     return guarded
 
 

@@ -67,12 +67,11 @@ import functools
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
-from rlinfra.placement.record import Placement
+from rlinfra.runtime.bundles import Device, devices_of
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import WorkerGroupError
@@ -89,8 +88,6 @@ from rlinfra.runtime.timeshared import (
     TimeShared,
     TimeSharingError,
     refused_while_asleep,
-    release_freed_memory,
-    resident_set_bytes,
 )
 
 DEFAULT_SWITCH_TIMEOUT_S = 300.0  # an engine reloading a large model's weights takes minutes
@@ -123,22 +120,6 @@ class SwitchError(WorkerGroupError):
         )
 
 
-class Device(NamedTuple):
-    """One device of the cluster, as placements name it."""
-
-    node_rank: int
-    kind: str  # the hardware type: "GPU", a custom type …
-    local_index: int
-
-
-def devices_of(placement: Placement) -> frozenset[Device]:
-    """The devices a process holds (none for a process placed on a whole node)."""
-    return frozenset(
-        Device(placement.cluster_node_rank, placement.hardware_type, index)
-        for index in placement.local_hardware_ranks
-    )
-
-
 @dataclass(frozen=True)
 class Phase:
     """One hook call, in ``TimeSharing.phases`` order: the component, ``sleep`` or ``wake``, and
@@ -162,9 +143,6 @@ class Switch:
     total_s: float
     at: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class TimeSharing:
     """The turns of a job's colocated components: at most one awake on each shared device."""
@@ -186,13 +164,12 @@ class TimeSharing:
         self.phases: list[Phase] = []
         self.switches: list[Switch] = []
         self._guards: dict[str, CallGuard] = {}
-        rank_devices = {
-            (name, placement.rank): devices_of(placement)
+        self._rank_devices = {
+            (name, placement.rank): frozenset(devices_of(placement))
             for name, group in self.groups.items()
             for placement in _launched(group).placements
         }
-        self._rank_devices = rank_devices
-        self._rank_sharers = _sharers(rank_devices)
+        self._rank_sharers = _sharers(self._rank_devices)
         self.sharers: dict[str, frozenset[str]] = {name: frozenset() for name in self.groups}
         for (name, _), others in self._rank_sharers.items():
             self.sharers[name] = self.sharers[name] | others
@@ -201,7 +178,7 @@ class TimeSharing:
         self._state: dict[str, str] = dict.fromkeys(self.time_shared, UNKNOWN)
         if awake is not None:
             self._time_shared(awake)
-        self._install_guards()
+        self._install_guards(self.time_shared)
         try:
             deadline = Deadline.after(timeout)
             self._sleep_all(self.time_shared, None, deadline)
@@ -222,8 +199,8 @@ class TimeSharing:
             return None
         at, started = time.time(), time.monotonic()
         deadline = Deadline.after(self.timeout if timeout is None else timeout)
-        slept = [name for name in self.time_shared if name in self.sharers[component]]
-        slept = [name for name in slept if self._state[name] != ASLEEP]
+        sharers = self.sharers[component]
+        slept = [name for name in self.time_shared if name in sharers and self._state[name] != ASLEEP]
         self._sleep_all(slept, component, deadline)
         sleep_done = time.monotonic()
         self._wake_one(component, deadline, told=slept)
@@ -247,25 +224,19 @@ class TimeSharing:
         the next ``wake`` gives it its turn. Refused when its devices are not its predecessor's."""
         name = group.name
         self.state(name)  # raises for a name the schedule does not have
-        old = self.groups[name]
         before = {rank: devices for (owner, rank), devices in self._rank_devices.items() if owner == name}
-        after = {placement.rank: devices_of(placement) for placement in _launched(group).placements}
+        after = {p.rank: frozenset(devices_of(p)) for p in _launched(group).placements}
         if before != after:
             raise TimeSharingError(
                 f"time-sharing: {name!r} came back on other devices than it had; the schedule's record "
                 "of who shares what would be wrong, so build a new TimeSharing"
             )
-        guard = self._guards.pop(name, None)
-        if old.call_guard is guard:
-            old.call_guard = None
+        self._remove_guard(name)
         self.groups[name] = group
-        if name not in self._state:
-            return  # shares no device: never guarded, never put to sleep
-        if group.call_guard is not None:
-            raise TimeSharingError(f"time-sharing: the new {name!r} group already has a call guard")
-        group.call_guard = self._guards[name] = functools.partial(self._guard, name)
-        self._state[name] = UNKNOWN
-        self.sleep(name, timeout=timeout)
+        if name in self._state:  # else it shares no device: never guarded, never put to sleep
+            self._install_guards([name])
+            self._state[name] = UNKNOWN
+            self.sleep(name, timeout=timeout)
 
     def state(self, component: str) -> str:
         """``awake``, ``asleep`` or ``unknown`` (its last hook failed); a component that shares no
@@ -282,10 +253,8 @@ class TimeSharing:
     def close(self) -> None:
         """Stop guarding the groups' calls (the workers stay as they are: a sleeping worker
         still refuses its methods). Safe to call twice."""
-        for name, guard in self._guards.items():
-            if self.groups[name].call_guard is guard:
-                self.groups[name].call_guard = None
-        self._guards = {}
+        for name in list(self._guards):
+            self._remove_guard(name)
 
     def __enter__(self) -> TimeSharing:
         return self
@@ -351,14 +320,11 @@ class TimeSharing:
         """``wake()`` on every rank of ``component``; meanwhile its sharers that were asleep
         already (those not in ``told``) learn who is awake now, for their own refusals."""
         self._state[component] = UNKNOWN
-        asleep = [name for name in self.time_shared if name in self.sharers[component] and name not in told]
+        untold = [name for name in self.time_shared if name in self.sharers[component] and name not in told]
+        noting = f"time-sharing: noting that {component!r} is awake"
         notes = [
-            self.groups[name].call(
-                NOTE_AWAKE,
-                args=(component,),
-                action=f"time-sharing: noting that {component!r} is awake",
-            )
-            for name in asleep
+            self.groups[name].call(NOTE_AWAKE, args=(component,), action=noting)
+            for name in untold
             if self._state[name] == ASLEEP
         ]
         call = self.groups[component].call(TimeShared.rlinfra_timeshare_wake, action="time-sharing wake")
@@ -375,16 +341,21 @@ class TimeSharing:
         except WorkerGroupError as error:
             raise SwitchError(error, phase, target, deadline.limit_s) from error
 
-    def _install_guards(self) -> None:
-        taken = [name for name in self.time_shared if self.groups[name].call_guard is not None]
+    def _install_guards(self, components: Sequence[str]) -> None:
+        taken = [name for name in components if self.groups[name].call_guard is not None]
         if taken:
             raise TimeSharingError(
                 f"time-sharing: component(s) {', '.join(map(repr, taken))} already have a call guard "
                 "(another TimeSharing schedule?); close that one first"
             )
-        for name in self.time_shared:
-            guard = self.groups[name].call_guard = functools.partial(self._guard, name)
-            self._guards[name] = guard
+        for name in components:
+            self.groups[name].call_guard = self._guards[name] = functools.partial(self._guard, name)
+
+    def _remove_guard(self, component: str) -> None:
+        """Stop guarding ``component``'s group, unless another guard has replaced this one."""
+        guard = self._guards.pop(component, None)
+        if self.groups[component].call_guard is guard:
+            self.groups[component].call_guard = None
 
     def _guard(self, component: str, method: str, ranks: Sequence[int]) -> None:
         """The group's ``call_guard``: refuse user calls into a component that is not awake, and
@@ -447,19 +418,16 @@ def _check_hooks(groups: Mapping[str, WorkerGroup]) -> None:
     problems = []
     for name, group in groups.items():
         cls = group.worker_cls
+        missing = [
+            hook
+            for hook in (SLEEP, WAKE)
+            if not callable(getattr(cls, hook, None)) or getattr(cls, hook) is getattr(TimeShared, hook)
+        ]
+        hooks = ", ".join(f"{hook}()" for hook in missing)
         if not issubclass(cls, TimeShared):
-            defined = [hook for hook in (SLEEP, WAKE) if callable(getattr(cls, hook, None))]
-            missing = [hook for hook in (SLEEP, WAKE) if hook not in defined]
-            what = (
-                f"missing hook(s) {', '.join(f'{hook}()' for hook in missing)}"
-                if missing
-                else "has both hooks"
-            )
+            what = f"missing hook(s) {hooks}" if missing else "has both hooks"
             problems.append(f"component {name!r} ({cls.__name__}) is not a TimeShared worker ({what})")
-            continue
-        missing = [hook for hook in (SLEEP, WAKE) if getattr(cls, hook) is getattr(TimeShared, hook)]
-        if missing:
-            hooks = ", ".join(f"{hook}()" for hook in missing)
+        elif missing:
             problems.append(f"component {name!r} ({cls.__name__}) is missing hook(s) {hooks}")
     if problems:
         raise TimeSharingError(
@@ -468,21 +436,3 @@ def _check_hooks(groups: Mapping[str, WorkerGroup]) -> None:
             + ". Derive their worker classes from rlinfra.runtime.timesharing.TimeShared and implement "
             "sleep() (release device memory) and wake() (take it back)"
         )
-
-
-__all__ = [
-    "ASLEEP",
-    "AWAKE",
-    "UNKNOWN",
-    "ComponentAsleepError",
-    "Device",
-    "Phase",
-    "Switch",
-    "SwitchError",
-    "TimeShared",
-    "TimeSharing",
-    "TimeSharingError",
-    "devices_of",
-    "release_freed_memory",
-    "resident_set_bytes",
-]

@@ -91,14 +91,8 @@ def _resource_problem(
         have, need = nodes[rank].resources.get(name, 0.0), per_node.get(rank, {}).get(name, 0.0)
         if have + _EPSILON < need:
             lacking.append(f"node {rank} has {have:g}, needs {need:g}")
-    if not lacking:
-        return []
     having = [node.rank for node in nodes if node.resources.get(name, 0.0) > 0]
-    return [
-        f"component {component!r} requires resource {name}={amount:g} per process: "
-        + _listed(lacking)
-        + f"; nodes with {name}: {short_ranks(having)}"
-    ]
+    return _problem(component, f"resource {name}={amount:g} per process", lacking, name, having)
 
 
 def _label_problem(
@@ -111,29 +105,28 @@ def _label_problem(
         if actual != value:
             has = f"{key}={actual}" if actual is not None else f"no {key!r} label"
             lacking.append(f"node {rank} has {has}")
+    having = [node.rank for node in nodes if node.labels.get(key) == value]
+    return _problem(component, f"node label {key}={value}", lacking, f"{key}={value}", having)
+
+
+def _problem(component: str, wanted: str, lacking: list[str], offered: str, having: list[int]) -> list[str]:
+    """The problem line for ``component``, if any node lacks what it needs (at most a few named)."""
     if not lacking:
         return []
-    having = [node.rank for node in nodes if node.labels.get(key) == value]
-    return [
-        f"component {component!r} requires node label {key}={value}: "
-        + _listed(lacking)
-        + f"; nodes with {key}={value}: {short_ranks(having)}"
-    ]
+    shown = ", ".join(lacking[:_SHOWN_NODES])
+    more = f", … ({len(lacking)} nodes)" if len(lacking) > _SHOWN_NODES else ""
+    offering = f"nodes with {offered}: {short_ranks(having)}"
+    return [f"component {component!r} requires {wanted}: {shown}{more}; {offering}"]
 
 
-def _listed(parts: list[str]) -> str:
-    shown = ", ".join(parts[:_SHOWN_NODES])
-    return shown + (f", … ({len(parts)} nodes)" if len(parts) > _SHOWN_NODES else "")
-
-
-def describe_constraints(constraints: Mapping[str, Sequence[Constraints]]) -> str:
+def describe_constraints(constraints: Mapping[str, Sequence[Constraints]]) -> list[str]:
     """One line per component with constraints, for a reservation that timed out."""
     lines = []
     for component, per_rank in constraints.items():
         distinct = sorted({process for process in per_rank if process}, key=Constraints.describe)
         if distinct:
             lines.append(f"component {component!r}: " + " | ".join(c.describe() for c in distinct))
-    return "\n".join(lines)
+    return lines
 
 
 def bundle_report(

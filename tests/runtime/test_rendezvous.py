@@ -201,7 +201,7 @@ def test_a_member_that_never_answers_fails_at_the_driver_deadline(cluster, train
         time.sleep(30)
 
     ref = stuck.remote()
-    call = GroupCall("trainer", "joining cross group 'late'", [ref], [3], trainer.node_rank_of, 1.0)
+    call = GroupCall(trainer, "joining cross group 'late'", [ref], [3], 1.0)
     started = time.monotonic()
     with pytest.raises(WorkerGroupError, match=r"rank 3 \(node 1\): no answer within 0\.2 s"):
         wait_all([call], 0.2)
