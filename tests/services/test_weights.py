@@ -18,21 +18,15 @@ import os
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import ray
 
 from rlinfra import Worker
-from rlinfra.services.weights import (
-    Stamped,
-    WeightReceiver,
-    WeightSender,
-    WeightSync,
-    WeightSyncError,
-    filter_stale,
-)
-from rlinfra.services.weights.buckets import bucket_arrays, checksum, copy_and_hash
+from rlinfra.services.weights import WeightReceiver, WeightSender, WeightSync, WeightSyncError, filter_stale
+from rlinfra.services.weights.buckets import arrays_checksum, bucket_views, checksum, copy_and_hash
 
 CFG = {
     "cluster": {
@@ -95,7 +89,8 @@ class CorruptingTrainer(Trainer):
 
     def weights_put(self, version: int, index: int, bounded: bool = True):
         sending = self._weights_sending(version)
-        arrays, digest = bucket_arrays(sending.state, sending.buckets[index])
+        arrays = bucket_views(sending.state, sending.buckets[index])
+        digest = arrays_checksum(arrays)
         if index == 1:
             arrays = [array.copy() for array in arrays]
             arrays[0][7] ^= 0xFF
@@ -270,7 +265,7 @@ def test_versions_must_increase_and_staleness_is_bounded(job):
     sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
     with pytest.raises(ValueError, match="versions must increase"):
         sync.prepare(0)
-    samples = [Stamped(v, f"s{v}") for v in (0, 1, 2, 3, 3)]
+    samples = [SimpleNamespace(version=v, value=f"s{v}") for v in (0, 1, 2, 3, 3)]
     fresh, dropped = filter_stale(samples, current_version=3, max_staleness=1)
     assert [s.version for s in fresh] == [2, 3, 3] and dropped == 2
 

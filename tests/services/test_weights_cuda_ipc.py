@@ -19,7 +19,8 @@ from rlinfra.services.weights import WeightReceiver, WeightSender, WeightSync, W
 from rlinfra.services.weights.buckets import (
     BucketSpec,
     Manifest,
-    bucket_arrays,
+    arrays_checksum,
+    bucket_views,
     checksum,
     pack_torch,
     plan_buckets,
@@ -203,7 +204,7 @@ def test_packing_on_a_torch_device_round_trips_with_the_same_checksums():
     state = mixed_state()
     for spec in plan_buckets(state, bucket_bytes=4096):
         buffer = pack_torch(state, spec, torch.empty(spec.nbytes, dtype=torch.uint8))
-        _, digest = bucket_arrays(state, spec)
+        digest = arrays_checksum(bucket_views(state, spec))
         assert checksum(buffer.numpy()) == digest  # what the object store transport would verify
         for name, view in unpack(buffer, spec).items():
             assert view.dtype == state[name].dtype and view.shape == state[name].shape
@@ -235,6 +236,11 @@ class Trainer(WeightSender, Worker):
 
     def train_to(self, version: int) -> None:
         self.state = make_state(version)
+
+    def ipc_stats(self) -> dict[str, int]:
+        """Buckets alive now and at most, since the process started (the memory bound, observed)."""
+        live = live_buckets()
+        return {"live": len(live), "peak_count": live.peak_count, "peak_bytes": live.peak_bytes}
 
 
 class CorruptingTrainer(Trainer):
@@ -294,7 +300,7 @@ def colocated(cluster, placement):
 
 
 def ipc_stats(trainer) -> dict[str, int]:
-    return trainer.execute_on(0).weights_ipc_stats().wait(timeout=30)[0]
+    return trainer.execute_on(0).ipc_stats().wait(timeout=30)[0]
 
 
 @needs_gpu

@@ -14,18 +14,17 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTa
 
 from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.services.naming.lease import Lease, LeaseKeeper
-from rlinfra.services.naming.model import (
-    DEFAULT_NAME,
-    DEFAULT_NAMESPACE,
-    DEFAULT_START_TIMEOUT_S,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_WATCH_TIMEOUT_S,
-    Change,
-    NamingError,
-)
+from rlinfra.services.naming.model import Change, NamingError
 from rlinfra.services.naming.store import NamingStore
 
 logger = logging.getLogger("rlinfra.services.naming")
+
+DEFAULT_NAME = "naming"
+DEFAULT_NAMESPACE = "rlinfra"
+DEFAULT_TIMEOUT_S = 10.0
+# Starting the service's process can take several seconds on a loaded node.
+DEFAULT_START_TIMEOUT_S = 60.0
+DEFAULT_WATCH_TIMEOUT_S = 30.0
 
 
 class NamingService:
@@ -60,10 +59,7 @@ class NamingService:
         answers (``start_timeout_s``)."""
         _require_ray(name, "connect")
         handle = NamingStore.options(  # type: ignore[attr-defined]  # a Ray actor class
-            name=name,
-            namespace=namespace,
-            get_if_exists=True,
-            lifetime="detached" if detached else None,
+            name=name, namespace=namespace, get_if_exists=True, lifetime="detached" if detached else None
         ).remote()
         client = cls(handle, name, namespace, timeout_s)
         client._call("connect", "ping", timeout_s=start_timeout_s)
@@ -87,18 +83,11 @@ class NamingService:
     def put(self, key: str, value: Any, ttl_s: float | None = None, lease: Lease | None = None) -> int:
         """Set ``key`` (for ``ttl_s`` seconds, or while ``lease`` is alive); returns the new
         version, which a ``watch(since_version=...)`` can start from."""
-        _check_write(key, value, ttl_s, lease)
-        self._forget(key, keep=lease)
-        if lease is None:
-            return self._call(f"put({key!r})", "put", key, value, ttl_s, None)
-        with lease.held(f"{self}: put({key!r})"):
-            version = self._call(f"put({key!r})", "put", key, value, None, lease.id)
-            lease.record(key, value, exclusive=False)
-            return version
+        return self._write("put", key, value, ttl_s, lease)
 
     def get(self, key: str, default: Any = None) -> Any:
-        found, value = self._call(f"get({key!r})", "get", key)
-        return value if found else default
+        value = self._call(f"get({key!r})", "get", key)
+        return default if value is None else value
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; False if it was absent. A leased key is no longer re-registered."""
@@ -113,18 +102,14 @@ class NamingService:
         self, key: str, value: Any, ttl_s: float | None = None, lease: Lease | None = None
     ) -> bool:
         """Atomically set ``key`` unless it exists; True if this call set it (a claim)."""
-        _check_write(key, value, ttl_s, lease)
-        return self._conditional(f"put_if_absent({key!r})", "put_if_absent", key, value, (), ttl_s, lease)
+        return self._write("put_if_absent", key, value, ttl_s, lease)
 
     def compare_and_set(
         self, key: str, expected: Any, new: Any, ttl_s: float | None = None, lease: Lease | None = None
     ) -> bool:
         """Atomically set ``key`` to ``new`` if its value equals ``expected`` (``None``: if it is
         absent); True if it was set."""
-        _check_write(key, new, ttl_s, lease)
-        return self._conditional(
-            f"compare_and_set({key!r})", "compare_and_set", key, new, (expected,), ttl_s, lease
-        )
+        return self._write("compare_and_set", key, new, ttl_s, lease, expected)
 
     def watch(
         self, prefix: str = "", since_version: int | None = None, timeout_s: float = DEFAULT_WATCH_TIMEOUT_S
@@ -135,14 +120,8 @@ class NamingService:
         key under the prefix, returned at once) when history cannot be replayed: the service
         restarted, ``since_version`` is very old, or it is 0 (a way to read the state and a version
         to follow it from, in one call)."""
-        return self._call(
-            f"watch({prefix!r})",
-            "watch",
-            prefix,
-            since_version,
-            timeout_s,
-            timeout_s=timeout_s + self.timeout_s,
-        )
+        op = f"watch({prefix!r})"  # the store answers at its own deadline; the call waits past it
+        return self._call(op, "watch", prefix, since_version, timeout_s, timeout_s=timeout_s + self.timeout_s)
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -200,10 +179,8 @@ class NamingService:
         are dropped, not stolen back)."""
 
         def put(key: str, value: Any, exclusive: bool) -> bool:
-            if exclusive:
-                return self._call(f"put_if_absent({key!r})", "put_if_absent", key, value, None, lease.id)
-            self._call(f"put({key!r})", "put", key, value, None, lease.id)
-            return True
+            method = "put_if_absent" if exclusive else "put"
+            return self._call(f"{method}({key!r})", method, key, value, None, lease.id) is not False
 
         lost = lease.reregister(put)
         if lost:
@@ -221,19 +198,15 @@ class NamingService:
             return
         for keeper in self._keepers:
             keeper.stop()
+        self._destroyed = True
         try:
             handle = self._resolve("destroy")
         except NamingError:
-            self._destroyed = True
             return  # already gone
-        self._destroyed = True
         ray.kill(handle, no_restart=True)
         deadline = Deadline.after(timeout_s if timeout_s is not None else self.timeout_s)
-        with contextlib.suppress(RayActorError, GetTimeoutError):  # dead: Ray frees the name then
-            while not deadline.expired:
-                ray.get(handle.ping.remote(), timeout=max(0.01, deadline.left()))
 
-        def gone() -> bool | None:
+        def gone() -> bool | None:  # Ray frees the name once the actor is dead
             try:
                 current = ray.get_actor(self.name, namespace=self.namespace)
             except ValueError:
@@ -248,27 +221,25 @@ class NamingService:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _conditional(
-        self,
-        op: str,
-        method: str,
-        key: str,
-        value: Any,
-        extra: tuple[Any, ...],
-        ttl_s: float | None,
-        lease: Lease | None,
-    ) -> bool:
+    def _write(
+        self, method: str, key: str, value: Any, ttl_s: float | None, lease: Lease | None, *expected: Any
+    ) -> Any:
+        """``put`` (returns the version) or a conditional write (``expected``: compare_and_set's),
+        which returns whether it won and, when it loses, changes nothing here either. A claim (a
+        conditional write under a lease) is re-registered after a loss only if nobody took it."""
+        _check_write(key, value, ttl_s, lease)
+        op = f"{method}({key!r})"
         if lease is None:
-            won = self._call(op, method, key, *extra, value, ttl_s, None)
-            if won:
+            result = self._call(op, method, key, *expected, value, ttl_s, None)
+            if result is not False:
                 self._forget(key)
-            return won
+            return result
         self._forget(key, keep=lease)
         with lease.held(f"{self}: {op}"):
-            won = self._call(op, method, key, *extra, value, None, lease.id)
-            if won:
-                lease.record(key, value, exclusive=True)
-            return won
+            result = self._call(op, method, key, *expected, value, None, lease.id)
+            if result is not False:
+                lease.record(key, value, exclusive=method != "put")
+            return result
 
     def _forget(self, key: str, keep: Lease | None = None) -> None:
         """Stop re-registering ``key`` under any lease but ``keep``: it was overwritten or

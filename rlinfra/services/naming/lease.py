@@ -6,9 +6,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from rlinfra.services.naming.model import LeaseExpired, NamingError
+
+if TYPE_CHECKING:
+    from rlinfra.services.naming.client import NamingService
 
 logger = logging.getLogger("rlinfra.services.naming")
 
@@ -92,18 +95,6 @@ class Lease:
         return f"Lease({self._id[:8]}…, ttl_s={self.ttl_s:g}, keys={len(self._keys)})"
 
 
-class LeaseService(Protocol):
-    """What a keeper needs of its client (``NamingService`` is one)."""
-
-    timeout_s: float
-
-    def keep_alive(self, lease: Lease) -> None: ...
-
-    def regrant_lease(self, lease: Lease, failed_id: str) -> bool: ...
-
-    def repair_lease(self, lease: Lease) -> None: ...
-
-
 class LeaseKeeper:
     """A daemon thread that keeps one lease alive and repairs it after a loss.
 
@@ -113,7 +104,7 @@ class LeaseKeeper:
     distinct message, plus a line when it recovers). ``regrants`` counts the repairs.
     """
 
-    def __init__(self, client: LeaseService, lease: Lease, interval_s: float) -> None:
+    def __init__(self, client: NamingService, lease: Lease, interval_s: float) -> None:
         if not 0 < interval_s < lease.ttl_s:
             raise ValueError(f"keep-alive interval must be in (0, ttl_s={lease.ttl_s:g}) s, got {interval_s}")
         self.client = client

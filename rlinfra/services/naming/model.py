@@ -1,18 +1,9 @@
-"""Names, limits and the values the naming service and its clients exchange."""
+"""The values and errors the naming service and its clients exchange."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
-
-DEFAULT_NAME = "naming"
-DEFAULT_NAMESPACE = "rlinfra"
-DEFAULT_TIMEOUT_S = 10.0
-# Starting the service's process can take several seconds on a loaded node.
-DEFAULT_START_TIMEOUT_S = 60.0
-DEFAULT_WATCH_TIMEOUT_S = 30.0
-# How many changes the service remembers for watch(); an older since_version gets a snapshot.
-HISTORY_LIMIT = 10_000
 
 ChangeKind = Literal["put", "delete", "expire", "snapshot"]
 

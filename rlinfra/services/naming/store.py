@@ -6,19 +6,23 @@ import asyncio
 import builtins  # the classes here define a method named list
 import contextlib
 import heapq
+import itertools
 import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from rlinfra.runtime.deadline import Deadline
-from rlinfra.services.naming.model import HISTORY_LIMIT, Change, ChangeKind, LeaseExpired
+from rlinfra.services.naming.model import Change, ChangeKind, LeaseExpired
 
 logger = logging.getLogger("rlinfra.services.naming")
+
+# How many changes the service remembers for watch(); an older since_version gets a snapshot.
+HISTORY_LIMIT = 10_000
 
 
 @dataclass
@@ -33,6 +37,7 @@ class _Entry:
 class _LeaseState:
     ttl_s: float
     expires_at: float
+    keys: set[str] = field(default_factory=set)  # the keys that live by the lease
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -47,15 +52,13 @@ class NamingStore:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._leases: dict[str, _LeaseState] = {}
-        self._lease_keys: dict[str, set[str]] = {}
         # Versions start at the wall clock in microseconds, so that a restarted store continues
         # above its previous incarnation and a watcher's old since_version gets a snapshot instead
         # of silently missing changes.
         self._version = time.time_ns() // 1000
         self._history: deque[Change] = deque(maxlen=HISTORY_LIMIT)
         self._history_floor = self._version  # every change with a larger version is in _history
-        self._deadlines: list[tuple[float, int, str, str]] = []  # (expires_at, seq, kind, id)
-        self._seq = 0
+        self._deadlines: list[tuple[float, str, str]] = []  # a heap of (expires_at, kind, id)
         # Events bind to the running loop on first use (Python >= 3.10), so creating them here is safe.
         self._changed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -76,10 +79,11 @@ class NamingStore:
         self._start()
         return self._set(key, value, self._expiry(ttl_s, lease_id), lease_id)
 
-    async def get(self, key: str) -> tuple[bool, Any]:
+    async def get(self, key: str) -> Any:
+        """The value, or None if absent (None is never stored)."""
         self._start()
         entry = self._entries.get(key)
-        return (True, entry.value) if entry is not None else (False, None)
+        return None if entry is None else entry.value
 
     async def delete(self, key: str) -> bool:
         self._start()
@@ -90,12 +94,7 @@ class NamingStore:
         return {key: entry.value for key, entry in self._entries.items() if key.startswith(prefix)}
 
     async def put_if_absent(self, key: str, value: Any, ttl_s: float | None, lease_id: str | None) -> bool:
-        self._start()
-        expires_at = self._expiry(ttl_s, lease_id)
-        if key in self._entries:
-            return False
-        self._set(key, value, expires_at, lease_id)
-        return True
+        return await self.compare_and_set(key, None, value, ttl_s, lease_id)
 
     async def compare_and_set(
         self, key: str, expected: Any, new: Any, ttl_s: float | None, lease_id: str | None
@@ -104,27 +103,24 @@ class NamingStore:
         expires_at = self._expiry(ttl_s, lease_id)
         entry = self._entries.get(key)
         matches = entry is None if expected is None else entry is not None and entry.value == expected
-        if not matches:
-            return False
-        self._set(key, new, expires_at, lease_id)
-        return True
+        if matches:
+            self._set(key, new, expires_at, lease_id)
+        return matches
 
     async def grant_lease(self, ttl_s: float) -> str:
         self._start()
         # Random ids, not a counter: a restarted store must never hand out an id an old holder
         # still refreshes, or it would keep someone else's keys alive.
         lease_id = uuid.uuid4().hex
-        self._leases[lease_id] = _LeaseState(ttl_s, time.monotonic() + ttl_s)
-        self._lease_keys[lease_id] = set()
-        self._push_deadline(self._leases[lease_id].expires_at, "lease", lease_id)
+        state = self._leases[lease_id] = _LeaseState(ttl_s, time.monotonic() + ttl_s)
+        self._push_deadline(state.expires_at, "lease", lease_id)
         return lease_id
 
-    async def keep_alive(self, lease_id: str) -> float:
+    async def keep_alive(self, lease_id: str) -> None:
         self._start()
         state = self._require_lease(lease_id)
         state.expires_at = time.monotonic() + state.ttl_s
         self._push_deadline(state.expires_at, "lease", lease_id)
-        return state.ttl_s
 
     async def revoke_lease(self, lease_id: str) -> int:
         self._start()
@@ -161,12 +157,12 @@ class NamingStore:
 
     def _set(self, key: str, value: Any, expires_at: float | None, lease_id: str | None) -> int:
         old = self._entries.get(key)
-        if old is not None and old.lease_id is not None:
-            self._lease_keys.get(old.lease_id, set()).discard(key)
+        if old is not None and old.lease_id in self._leases:
+            self._leases[old.lease_id].keys.discard(key)
         self._version += 1
         self._entries[key] = _Entry(value, self._version, expires_at, lease_id)
         if lease_id is not None:
-            self._lease_keys[lease_id].add(key)
+            self._leases[lease_id].keys.add(key)
         if expires_at is not None:
             self._push_deadline(expires_at, "key", key)
         self._record(Change(key, "put", value, self._version))
@@ -176,15 +172,14 @@ class NamingStore:
         entry = self._entries.pop(key, None)
         if entry is None:
             return False
-        if entry.lease_id is not None:
-            self._lease_keys.get(entry.lease_id, set()).discard(key)
+        if entry.lease_id in self._leases:
+            self._leases[entry.lease_id].keys.discard(key)
         self._version += 1
         self._record(Change(key, kind, entry.value, self._version))
         return True
 
     def _end_lease(self, lease_id: str, kind: ChangeKind) -> int:
-        del self._leases[lease_id]
-        keys = sorted(self._lease_keys.pop(lease_id, set()))
+        keys = sorted(self._leases.pop(lease_id).keys)
         for key in keys:
             self._remove(key, kind)
         return len(keys)
@@ -198,14 +193,8 @@ class NamingStore:
         self._changed = asyncio.Event()
 
     def _changes_since(self, since: int, prefix: str) -> builtins.list[Change]:
-        newer: builtins.list[Change] = []
-        for change in reversed(self._history):
-            if change.version <= since:
-                break
-            if change.key.startswith(prefix):
-                newer.append(change)
-        newer.reverse()
-        return newer
+        newer = itertools.takewhile(lambda change: change.version > since, reversed(self._history))
+        return [change for change in reversed(list(newer)) if change.key.startswith(prefix)]
 
     def _snapshot(self, prefix: str) -> builtins.list[Change]:
         return [
@@ -215,8 +204,7 @@ class NamingStore:
         ]
 
     def _push_deadline(self, expires_at: float, kind: str, ident: str) -> None:
-        self._seq += 1
-        heapq.heappush(self._deadlines, (expires_at, self._seq, kind, ident))
+        heapq.heappush(self._deadlines, (expires_at, kind, ident))
         if self._deadlines[0][0] == expires_at:
             self._wake.set()
 
@@ -224,7 +212,7 @@ class NamingStore:
         """Drop every key and lease whose deadline passed. Heap items are never updated in place
         (a keep-alive pushes a new one), so an item counts only if it matches the current state."""
         while self._deadlines and self._deadlines[0][0] <= now:
-            expires_at, _, kind, ident = heapq.heappop(self._deadlines)
+            expires_at, kind, ident = heapq.heappop(self._deadlines)
             if kind == "key":
                 entry = self._entries.get(ident)
                 if entry is not None and entry.expires_at == expires_at:

@@ -2,19 +2,15 @@
 
 from rlinfra.services.weights.admission import WeightsNotAdmittedError
 from rlinfra.services.weights.barrier import UpdateReport, WeightSync, WeightSyncError
-from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
 from rlinfra.services.weights.buffers import WeightsSwapError, WeightsVerifyError, WeightsView
 from rlinfra.services.weights.engine import EngineReceiver, EngineStagingError
 from rlinfra.services.weights.gate import WeightsPausedError, WeightsPauseError
 from rlinfra.services.weights.roles import WeightReceiver, WeightSender
-from rlinfra.services.weights.staleness import Stamped, filter_stale
+from rlinfra.services.weights.staleness import filter_stale
 
 __all__ = [
-    "DEFAULT_BUCKET_BYTES",
     "EngineReceiver",
     "EngineStagingError",
-    "Manifest",
-    "Stamped",
     "UpdateReport",
     "WeightReceiver",
     "WeightSender",

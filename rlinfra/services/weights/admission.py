@@ -62,14 +62,12 @@ class AdmissionReceiver(ReceiverSide):
         # compare with the trainer's); initial weights, never laid out in buckets, get one now.
         specs = current.manifest.buckets or buckets.plan_buckets(current.tensors, SNAPSHOT_BUCKET_BYTES)
         packed = [buckets.pack(current.tensors, spec) for spec in specs]
-        arrays, checksums = (
-            [array for array, _ in packed],
-            {i: digest for i, (_, digest) in enumerate(packed)},
-        )
+        arrays = [array for array, _ in packed]
+        checksums = {index: digest for index, (_, digest) in enumerate(packed)}
         return Snapshot(current.version, Manifest(current.version, specs), arrays, checksums)
 
     @served_asleep
-    def weights_admit(self, source: list[Any], expected: Expected) -> dict[str, Any]:
+    def weights_admit(self, source: list[Any], expected: Expected) -> None:
         """Take the snapshot ``source[0]`` refers to (a peer's), verified, as the serving version.
 
         ``expected`` holds the committed version's checksums; without any (initial weights) the
@@ -92,7 +90,6 @@ class AdmissionReceiver(ReceiverSide):
             raise WeightsVerifyError("admission failed: " + "; ".join(problems))
         taken.build_views(self.weights_as_torch)
         self._rlinfra_weights = DoubleBuffers(taken)
-        return {"version": taken.version, "buckets": len(taken.buckets)}
 
 
 __all__ = ["AdmissionReceiver", "Snapshot", "WeightsNotAdmittedError"]

@@ -26,7 +26,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import ray
@@ -41,24 +41,15 @@ from rlinfra.services.weights.transports import BY_NAME
 from rlinfra.services.weights.transports.base import Link
 
 TRANSPORTS = tuple(BY_NAME)
-
-
-def _let_through(error: BaseException) -> None:
-    """Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` pass through unchanged once the workers
-    are rolled back and resumed: the caller is stopping, not facing a failed update."""
-    if not isinstance(error, Exception):
-        raise error
+# The steps of a combined call, furthest first, each with the error a worker raises in it.
+STEP_ERRORS = (("verify", WeightsVerifyError), ("swap", WeightsSwapError), ("pause", WeightsPauseError))
 
 
 def _failed_step(step: str, error: BaseException) -> str:
     """Which step a call that did several (pause + swap + verify, or swap + verify) failed in:
     the furthest one any worker raised in; ``step`` (the call's first) when no worker said."""
     reasons = [f.reason for f in error.failures.values()] if isinstance(error, WorkerGroupError) else []
-    for name, kind in (
-        ("verify", WeightsVerifyError),
-        ("swap", WeightsSwapError),
-        ("pause", WeightsPauseError),
-    ):
+    for name, kind in STEP_ERRORS:
         if any(reason.startswith(kind.__name__) for reason in reasons):
             return name
     return step
@@ -92,12 +83,7 @@ class UpdateReport:
     prepare_s: float
     pause_s: float
     total_s: float
-    drained: list[int] = field(default_factory=list)
     held_s: float = 0.0
-
-    @property
-    def bandwidth_gbps(self) -> float:
-        return self.nbytes / max(self.prepare_s, 1e-9) / 1e9
 
 
 @dataclass
@@ -111,6 +97,7 @@ class Prepared:
     node_checks: NodeChecks | None = None  # object_store_shared: what each node hashed
 
 
+@dataclass(eq=False)
 class WeightSync:
     """Versioned weight updates from rank ``sender_rank`` of ``sender`` to every receiver rank.
 
@@ -125,39 +112,28 @@ class WeightSync:
     so fast that hashing is the bottleneck; the default verifies every byte.
     """
 
-    def __init__(
-        self,
-        sender: WorkerGroup,
-        receivers: WorkerGroup,
-        *,
-        transport: str = "object_store",
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        sender_rank: int = 0,
-        cross_group: str | None = None,
-        step_timeout_s: float = 120.0,
-        drain_timeout_s: float = 30.0,
-        lease_s: float = 60.0,
-        initial_version: int = 0,
-        checksums: bool = True,
-    ) -> None:
-        if transport not in BY_NAME:
-            raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
-        self.sender = sender
-        self.receivers = receivers
-        self.transport = transport
-        self.bucket_bytes = bucket_bytes
-        self.sender_rank = sender_rank
-        self.cross_group = cross_group
-        self.step_timeout_s = step_timeout_s
-        self.drain_timeout_s = drain_timeout_s
-        self.lease_s = lease_s
-        self.version = initial_version
-        self.checksums = checksums
+    sender: WorkerGroup
+    receivers: WorkerGroup
+    _: KW_ONLY
+    transport: str = "object_store"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    sender_rank: int = 0
+    cross_group: str | None = None
+    step_timeout_s: float = 120.0
+    drain_timeout_s: float = 30.0
+    lease_s: float = 60.0
+    initial_version: int = 0
+    checksums: bool = True
+
+    def __post_init__(self) -> None:
+        if self.transport not in BY_NAME:
+            raise ValueError(f"unknown transport {self.transport!r}; expected one of {TRANSPORTS}")
+        self.version = self.initial_version
         self.staged: Prepared | None = None  # prepared, neither committed nor abandoned yet
-        self._committed = Expected(initial_version, {})  # what the serving version must hash to
-        self._link = Link(sender, sender_rank, receivers, step_timeout_s, checksums)
+        self._committed = Expected(self.version, {})  # what the serving version must hash to
+        self._link = Link(self.sender, self.sender_rank, self.receivers, self.step_timeout_s, self.checksums)
         self.alive = self._link.alive  # the receiver ranks still taking part (the dead leave it)
-        self._transport = BY_NAME[transport](self._link, cross_group)
+        self._transport = BY_NAME[self.transport](self._link, self.cross_group)
         self._transport.check()
 
     # ------------------------------------------------------------------------------- protocol
@@ -193,9 +169,7 @@ class WeightSync:
             if not self.checksums:
                 checksums, node_checks = {}, None  # verify then checks versions only
         except BaseException as error:
-            self._recover(version, resume_owner=None)
-            _let_through(error)
-            raise self._error("prepare", version, error) from error
+            raise self._rolled_back("prepare", version, error, resume_owner=None) from error
         finally:
             with contextlib.suppress(Exception):  # the sender's own failure is already being reported
                 link.on_sender(WeightSender.weights_close, version)
@@ -216,9 +190,9 @@ class WeightSync:
         expected = Expected(version, prepared.checksums, prepared.node_checks)
         try:
             if while_paused is None:
-                drained = link.on_receivers(WeightReceiver.weights_pause_swap_verify, *pausing, expected)
+                link.on_receivers(WeightReceiver.weights_pause_swap_verify, *pausing, expected)
             else:
-                drained = link.on_receivers(WeightReceiver.weights_pause, *pausing)
+                link.on_receivers(WeightReceiver.weights_pause, *pausing)
                 step = "while paused"
                 while_paused()
                 step = "swap"
@@ -227,9 +201,7 @@ class WeightSync:
             if step != "while paused":
                 step = _failed_step(step, error)
             self.staged = None
-            self._recover(version, resume_owner=owner)
-            _let_through(error)
-            raise self._error(step, version, error) from error
+            raise self._rolled_back(step, version, error, resume_owner=owner) from error
         try:
             resumed = link.on_receivers(WeightReceiver.weights_resume, owner)
         except BaseException as error:
@@ -240,7 +212,7 @@ class WeightSync:
         self._transport.committed(version)
         nbytes, count = prepared.manifest.nbytes, len(prepared.manifest.buckets)
         prepare_s, held_s = prepared.prepare_s, max((held for _, held in resumed), default=0.0)
-        return UpdateReport(version, nbytes, count, prepare_s, pause_s, prepare_s + pause_s, drained, held_s)
+        return UpdateReport(version, nbytes, count, prepare_s, pause_s, prepare_s + pause_s, held_s)
 
     def replace_sender(self, sender: WorkerGroup) -> None:
         """Send later versions from ``sender`` (a trainer group brought back up after a restart);
@@ -312,12 +284,19 @@ class WeightSync:
         raise WeightSyncError("admit", self.version, self.version, cause)
 
     # ------------------------------------------------------------------------------- recovery
-    def _recover(self, version: int, resume_owner: str | None) -> None:
+    def _rolled_back(
+        self, step: str, version: int, error: BaseException, resume_owner: str | None
+    ) -> WeightSyncError:
         """Roll every surviving receiver back from ``version`` (dropping staged weights), then
-        reopen the gate if it was closed. Best effort on each survivor, bounded in time."""
+        reopen the gate if it was closed (best effort on each survivor, bounded in time); returns
+        the error to raise. Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` pass through
+        unchanged: the caller is stopping, not facing a failed update."""
         self._on_survivors(WeightReceiver.weights_rollback, version)
         if resume_owner is not None:
             self._on_survivors(WeightReceiver.weights_resume, resume_owner)
+        if not isinstance(error, Exception):
+            raise error
+        return self._error(step, version, error)
 
     def _on_survivors(self, method: Callable[..., Any], *args: Any) -> None:
         refs = self._link.receivers_call(method, *args).refs  # ray.wait([]) returns at once

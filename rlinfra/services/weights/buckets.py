@@ -66,9 +66,7 @@ def as_numpy(tensor: Any) -> np.ndarray:
     if isinstance(tensor, np.ndarray):
         return tensor
     if hasattr(tensor, "detach"):  # torch.Tensor, without importing torch for numpy users
-        tensor = tensor.detach()
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
+        tensor = tensor.detach().cpu()  # no copy for a tensor on the CPU already
         if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bfloat16: carry the raw bits
             return tensor.view(dtype=_torch().int16).numpy().view(np.uint16)
         return tensor.numpy()
@@ -88,7 +86,7 @@ def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...], int]:
         key = "bfloat16" if str(tensor.dtype) == "torch.bfloat16" else _numpy_key(tensor.dtype)
         return key, tuple(tensor.shape), tensor.numel() * tensor.element_size()
     array = as_numpy(tensor)
-    return _dtype_key(tensor, array), tuple(array.shape), array.nbytes
+    return array.dtype.str, tuple(array.shape), array.nbytes
 
 
 @functools.cache
@@ -131,20 +129,13 @@ def plan_buckets(
     )
 
 
-def bucket_arrays(state: Mapping[str, Any], spec: BucketSpec) -> tuple[list[np.ndarray], int]:
-    """The bucket's tensors as contiguous byte arrays (views, no copy where possible) and the
-    checksum of their concatenation — equal to ``pack``'s, without packing."""
-    arrays = bucket_views(state, spec)
-    return arrays, arrays_checksum(arrays)
-
-
 def bucket_views(state: Mapping[str, Any], spec: BucketSpec) -> list[np.ndarray]:
     """The bucket's tensors as contiguous 1-D uint8 arrays (views, no copy where possible)."""
     return [np.ascontiguousarray(as_numpy(state[e.name])).reshape(-1).view(np.uint8) for e in spec.entries]
 
 
 def arrays_checksum(arrays: list[np.ndarray]) -> int:
-    """The checksum of the arrays' bytes one after the other (a bucket's, without packing it)."""
+    """The checksum of the arrays' bytes one after the other: ``pack``'s, without packing."""
     digest = xxhash.xxh3_64()
     for array in arrays:
         digest.update(array.data)
@@ -191,22 +182,16 @@ def pack_torch(state: Mapping[str, Any], spec: BucketSpec, out: Any) -> Any:
 def unpack(buffer: Any, spec: BucketSpec, as_torch: bool = False) -> dict[str, Any]:
     """Views of the tensors inside ``buffer`` (no copy); torch tensors when ``as_torch``. A torch
     uint8 ``buffer`` (e.g. a shadow bucket on a GPU) always gives torch views on its device."""
-    if not isinstance(buffer, np.ndarray):
-        return {
-            entry.name: buffer[entry.offset : entry.offset + entry.nbytes]
-            .view(torch_dtype(entry.dtype))
-            .reshape(entry.shape)
-            for entry in spec.entries
-        }
-    return {
-        entry.name: _typed_view(buffer[entry.offset : entry.offset + entry.nbytes], entry, as_torch)
-        for entry in spec.entries
-    }
+    pieces = [buffer[entry.offset : entry.offset + entry.nbytes] for entry in spec.entries]
+    if isinstance(buffer, np.ndarray):
+        return unpack_arrays(pieces, spec, as_torch)
+    pairs = zip(spec.entries, pieces, strict=True)
+    return {entry.name: piece.view(torch_dtype(entry.dtype)).reshape(entry.shape) for entry, piece in pairs}
 
 
 def unpack_arrays(arrays: list[np.ndarray], spec: BucketSpec, as_torch: bool = False) -> dict[str, Any]:
     """Like ``unpack``, for a bucket that arrived as one uint8 array per tensor (the object store
-    carries ``bucket_arrays``' list as it is). Read-only arrays (Ray's zero-copy views of the
+    carries ``bucket_views``' list as it is). Read-only arrays (Ray's zero-copy views of the
     object store) stay read-only under numpy; torch has no read-only tensors, so its views must
     not be written to (they are shared with every worker on the node)."""
     check_arrays(arrays, spec)
@@ -238,9 +223,3 @@ def _torch_view(array: np.ndarray) -> Any:
     with warnings.catch_warnings():  # read-only by design: see unpack_arrays
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return _torch().from_numpy(array)
-
-
-def _dtype_key(tensor: Any, array: np.ndarray) -> str:
-    if str(getattr(tensor, "dtype", "")) == "torch.bfloat16":
-        return "bfloat16"
-    return array.dtype.str

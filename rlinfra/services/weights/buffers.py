@@ -104,7 +104,6 @@ class DoubleBuffers:
         self.current = initial
         self.shadow: Buffers | None = None
         self.previous: Buffers | None = None
-        self.served: dict[int, int] = {}  # version -> generation calls served with it
 
     def __enter__(self) -> DoubleBuffers:
         self.gate.lock.acquire()
@@ -113,23 +112,27 @@ class DoubleBuffers:
     def __exit__(self, *exc_info: object) -> None:
         self.gate.lock.release()
 
-    def swap(self, version: int) -> int:
-        """Make the shadow current (O(1)); keep the old current for rollback. Returns its version."""
+    def staged(self, owner: str, version: int) -> Buffers:
+        """The shadow, for a swap by ``owner``: the gate must be ``owner``'s and ``version`` fully staged."""
+        if self.gate.paused_by != owner:
+            raise WeightsSwapError(f"the update gate is held by {self.gate.paused_by!r}, not {owner!r}")
         shadow = self.shadow
         if shadow is None or shadow.version != version or not shadow.tensors:
             raise WeightsSwapError(f"version {version} is not fully staged here")
-        self.previous, self.current, self.shadow = self.current, shadow, None
-        return self.previous.version
+        return shadow
 
-    def rollback(self, version: int) -> int:
+    def swap(self, owner: str, version: int) -> None:
+        """Make the shadow current (O(1)); keep the old current for rollback."""
+        self.previous, self.current, self.shadow = self.current, self.staged(owner, version), None
+
+    def rollback(self, version: int) -> None:
         """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
         self.shadow = None
         if self.current.version == version and self.previous is not None:
             self.current, self.previous = self.previous, self.current
-        return self.current.version
 
-    def verify(self, expected: Expected) -> dict[str, Any]:
-        """The version serving now and the checksum of every bucket as received, checked."""
+    def verify(self, expected: Expected) -> None:
+        """Check the version serving now and the checksum of every bucket as received."""
         current = self.current
         elsewhere = current.adopt_checks(expected)  # first: shared weights take their node's checksums
         mismatched = sorted(i for i, sent in expected.checksums.items() if current.checksums.get(i) != sent)
@@ -141,4 +144,3 @@ class DoubleBuffers:
         problems.extend(elsewhere)
         if problems:
             raise WeightsVerifyError("verify failed: " + "; ".join(problems))
-        return {"version": current.version, "buckets": len(current.checksums)}

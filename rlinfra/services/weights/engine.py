@@ -50,13 +50,7 @@ from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.admission import Snapshot
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import (
-    Buffers,
-    DoubleBuffers,
-    Expected,
-    WeightsSwapError,
-    WeightsVerifyError,
-)
+from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsVerifyError
 from rlinfra.services.weights.roles import WeightReceiver
 
 
@@ -147,32 +141,21 @@ class EngineReceiver(WeightReceiver):
     def weights_stage_done(self, version: int) -> None:
         self._weights_shadow(version).build_views(as_torch=True)  # load_weights takes torch tensors
 
-    def weights_swap(self, owner: str, version: int) -> int:
+    def weights_swap(self, owner: str, version: int) -> None:
         """Load the staged version into the engine (the gate is closed: nothing generates); the
-        staging memory then holds the previous version, for rollback. Returns the old version."""
+        staging memory then holds the previous version, for rollback."""
         with self._weights() as state:
-            if state.gate.paused_by != owner:
-                raise WeightsSwapError(f"the update gate is held by {state.gate.paused_by!r}, not {owner!r}")
-            staged = state.shadow
-            if staged is None or staged.version != version or not staged.tensors:
-                raise WeightsSwapError(f"version {version} is not fully staged here")
-            serving = state.current
-            self._exchange(staged)
-            staged.version, staged.checksums = serving.version, dict(serving.checksums)
-            state.previous, state.shadow = staged, None
-            state.current = EngineWeights(version, staged.manifest, tensors=self.engine_state())
-            self.weights_loaded(version)
-            return serving.version
+            self._load(state, state.staged(owner, version), checksums={})
 
-    def weights_verify(self, expected: Expected) -> dict[str, Any]:
+    def weights_verify(self, expected: Expected) -> None:
         """Hash the parameters the engine holds now, in the version's bucket layout, and check
         them against the trainer's checksums (versions only, with ``checksums=False``)."""
         with self._weights() as state:
             current = state.current
             current.checksums = {index: current.digest(index) for index in expected.checksums}
-            return state.verify(expected)
+            state.verify(expected)
 
-    def weights_rollback(self, version: int) -> int:
+    def weights_rollback(self, version: int) -> None:
         """Undo a swap to ``version`` by loading the previous host copy back into the engine (the
         staging memory then holds the rejected bytes, and is reused by the next update)."""
         with self._weights() as state:
@@ -180,19 +163,14 @@ class EngineReceiver(WeightReceiver):
             previous = state.previous
             held = previous is not None and previous.version >= 0 and bool(previous.tensors)
             if state.current.version == version and previous is not None and held:
-                self._exchange(previous)
-                restored = EngineWeights(previous.version, previous.manifest)
-                restored.checksums, restored.tensors = dict(previous.checksums), self.engine_state()
+                self._load(state, previous, checksums=dict(previous.checksums))
                 previous.version, previous.checksums = -1, {}  # a spare: its bytes are the rejected ones
-                state.current, state.previous = restored, previous
-                self.weights_loaded(restored.version)
-            return state.current.version
 
-    def weights_admit(self, source: list[Any], expected: Expected) -> dict[str, Any]:
+    def weights_admit(self, source: list[Any], expected: Expected) -> None:
         """Take a peer's snapshot, verified (``AdmissionReceiver``), load it into the engine and
         verify the engine's parameters against the same checksums; keep the copy as staging
         memory for the next update."""
-        answer = super().weights_admit(source, expected)
+        super().weights_admit(source, expected)
         taken = self._weights().current
         self.load_weights(taken.tensors.items())
         serving = EngineWeights(
@@ -210,7 +188,6 @@ class EngineReceiver(WeightReceiver):
         state.previous = taken
         self._rlinfra_weights = state
         self.weights_loaded(serving.version)
-        return answer
 
     def weights_snapshot(self) -> Snapshot:
         """The serving version packed under the gate's lock: the engine's parameters change in
@@ -219,6 +196,18 @@ class EngineReceiver(WeightReceiver):
             return super().weights_snapshot()
 
     # -------------------------------------------------------------------------- the exchange
+    def _load(self, state: DoubleBuffers, host: Buffers, checksums: dict[int, int]) -> None:
+        """Exchange ``host`` with the engine: the engine then serves ``host``'s version (known to
+        hash to ``checksums``) and ``host``, as the previous version, holds what the engine served."""
+        serving, version = state.current, host.version
+        self._exchange(host)
+        host.version, host.checksums = serving.version, dict(serving.checksums)
+        state.current = EngineWeights(
+            version, host.manifest, checksums=checksums, tensors=self.engine_state()
+        )
+        state.previous, state.shadow = host, None
+        self.weights_loaded(version)
+
     def _exchange(self, host: Buffers) -> None:
         """Bucket by bucket: the engine's bytes to a scratch buffer, ``host``'s tensors into the
         engine (one ``load_weights`` call per bucket), the scratch into ``host``'s memory.

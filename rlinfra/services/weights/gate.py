@@ -55,17 +55,14 @@ class Gate:
     def close(self, owner: str, lease_s: float, drain_timeout_s: float) -> None:
         """Close the gate for ``owner`` (until it reopens it, at most ``lease_s``) and wait for the
         calls inside to drain."""
-        deadline = Deadline.after(drain_timeout_s)
         if self.paused_by is not None and time.monotonic() < self.pause_until:
             raise WeightsPauseError(f"already paused by {self.paused_by}")
         self.closed_at = time.monotonic()
         self.paused_by, self.pause_until = owner, self.closed_at + lease_s
-        while self.in_flight:
-            if deadline.expired:
-                raise WeightsPauseError(
-                    f"{self.in_flight} generation call(s) still running after {drain_timeout_s:g} s"
-                )
-            self.lock.wait(deadline.left())
+        if not self.lock.wait_for(lambda: not self.in_flight, drain_timeout_s):
+            raise WeightsPauseError(
+                f"{self.in_flight} generation call(s) still running after {drain_timeout_s:g} s"
+            )
 
     def open(self, owner: str) -> float:
         """Reopen the gate (only its owner may); how long it was closed, or 0 if not by ``owner``."""

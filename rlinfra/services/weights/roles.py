@@ -28,7 +28,7 @@ from typing import Any
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights.admission import AdmissionReceiver, WeightsNotAdmittedError
 from rlinfra.services.weights.buckets import Manifest, plan_buckets
-from rlinfra.services.weights.buffers import Buffers, Expected, WeightsSwapError, WeightsView
+from rlinfra.services.weights.buffers import Buffers, Expected, WeightsView
 from rlinfra.services.weights.transports.base import Sending
 from rlinfra.services.weights.transports.broadcast import BroadcastReceiver, BroadcastSender
 from rlinfra.services.weights.transports.cuda_ipc import CudaIpcReceiver, CudaIpcSender
@@ -49,10 +49,6 @@ class WeightReceiver(
     """
 
     # ------------------------------------------------------------------------ generation side
-    @property
-    def weight_version(self) -> int:
-        return self._weights().current.version
-
     @contextmanager
     def serving(self, timeout_s: float = DEFAULT_SERVE_TIMEOUT_S) -> Iterator[WeightsView]:
         """Use the current weights for one piece of generation. Waits (at most ``timeout_s``)
@@ -65,7 +61,6 @@ class WeightReceiver(
         with self._weights() as state:
             state.gate.enter(timeout_s)
             view = WeightsView(state.current.version, state.current.tensors)
-            state.served[view.version] = state.served.get(view.version, 0) + 1
         try:
             yield view
         finally:
@@ -102,54 +97,49 @@ class WeightReceiver(
         self._weights_shadow(version).build_views(self.weights_as_torch)
 
     @served_asleep
-    def weights_pause(self, owner: str, lease_s: float, drain_timeout_s: float) -> int:
-        """Close the gate (owner + lease) and wait for in-flight generation to drain. Returns how
-        many generation calls the serving version has served."""
+    def weights_pause(self, owner: str, lease_s: float, drain_timeout_s: float) -> None:
+        """Close the gate (owner + lease) and wait for in-flight generation to drain."""
         with self._weights() as state:
             state.gate.close(owner, lease_s, drain_timeout_s)
-            return state.served.get(state.current.version, 0)
 
     @served_asleep
-    def weights_swap(self, owner: str, version: int) -> int:
-        """Make the shadow current (O(1)); keep the old current for rollback. Returns the old version."""
+    def weights_swap(self, owner: str, version: int) -> None:
+        """Make the shadow current (O(1)); keep the old current for rollback."""
         with self._weights() as state:
-            if state.gate.paused_by != owner:
-                raise WeightsSwapError(f"the update gate is held by {state.gate.paused_by!r}, not {owner!r}")
-            return state.swap(version)
+            state.swap(owner, version)
 
     @served_asleep
-    def weights_verify(self, expected: Expected) -> dict[str, Any]:
-        """The version serving now and the checksum of every bucket as received, checked against
+    def weights_verify(self, expected: Expected) -> None:
+        """Check the version serving now and the checksum of every bucket as received against
         what the sender sent (``Buffers.adopt_checks``: shared weights, hashed once per node,
         check that every bucket served is the very object hashed on this node)."""
         with self._weights() as state:
-            return state.verify(expected)
+            state.verify(expected)
 
     @served_asleep
-    def weights_swap_verify(self, owner: str, expected: Expected) -> dict[str, Any]:
+    def weights_swap_verify(self, owner: str, expected: Expected) -> None:
         """Swap, then verify, in one call: one round trip less while generation is paused. The
         semantics are those of the two steps in turn (every worker swaps and checks its own bytes;
         any failure anywhere rolls every worker back)."""
         self.weights_swap(owner, expected.version)
-        return self.weights_verify(expected)
+        self.weights_verify(expected)
 
     @served_asleep
     def weights_pause_swap_verify(
         self, owner: str, lease_s: float, drain_timeout_s: float, expected: Expected
-    ) -> int:
+    ) -> None:
         """Pause, swap and verify in one call — two round trips while generation is held instead
         of three. The gate stays closed after the swap until resume, which the driver sends only
         once every worker has verified, so no worker serves the new version while another still
-        serves the old one, exactly as with a separate pause. Returns what pause returns."""
-        drained = self.weights_pause(owner, lease_s, drain_timeout_s)
+        serves the old one, exactly as with a separate pause."""
+        self.weights_pause(owner, lease_s, drain_timeout_s)
         self.weights_swap_verify(owner, expected)
-        return drained
 
     @served_asleep
-    def weights_rollback(self, version: int) -> int:
+    def weights_rollback(self, version: int) -> None:
         """Undo a swap to ``version`` (no-op if it did not happen); drop any staged shadow."""
         with self._weights() as state:
-            return state.rollback(version)
+            state.rollback(version)
 
     @served_asleep
     def weights_resume(self, owner: str) -> tuple[int, float]:

@@ -74,10 +74,8 @@ class BroadcastSender(SenderSide):
         sending = self._weights_sending(version)
         group = cross_group(group_name)
         digests: dict[int, int] = {}
-        buffer: np.ndarray | None = None
+        buffer = np.empty(max((spec.nbytes for spec in sending.buckets), default=0), dtype=np.uint8)
         for spec in sending.buckets:
-            if buffer is None or buffer.nbytes < spec.nbytes:
-                buffer = np.empty(spec.nbytes, dtype=np.uint8)
             view, digests[spec.index] = pack(sending.state, spec, buffer[: spec.nbytes], sending.hashed)
             group.broadcast(torch.from_numpy(view), src=group.rank)
         return digests
@@ -87,7 +85,7 @@ class BroadcastReceiver(ReceiverSide):
     """A rollout worker's side: each bucket broadcast straight into the private shadow."""
 
     @served_asleep
-    def weights_receive_broadcast(self, version: int, group_name: str, src: int = 0) -> dict[int, int]:
+    def weights_receive_broadcast(self, version: int, group_name: str, src: int = 0) -> None:
         """Receive every bucket from a cross-component process group, in bucket order."""
         import torch
 
@@ -97,4 +95,3 @@ class BroadcastReceiver(ReceiverSide):
             group.broadcast(torch.from_numpy(buffer), src=src)
             if shadow.hashed:
                 shadow.checksums[index] = checksum(buffer)
-        return dict(shadow.checksums)

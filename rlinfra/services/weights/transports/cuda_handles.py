@@ -85,8 +85,7 @@ class LiveBuckets:
 
     def release_through(self, index: int) -> None:
         """Every receiver acknowledged buckets ``<= index``: free them."""
-        for held in [held for held in self.live if held <= index]:
-            del self.live[held]
+        self.live = {held: bucket for held, bucket in self.live.items() if held > index}
 
     def release_all(self) -> None:
         self.live.clear()
@@ -181,32 +180,24 @@ def ipc_problems(
     sender: CudaInfo, receivers: Mapping[int, CudaInfo], sender_name: str, receiver_name: str
 ) -> list[str]:
     """Everything that would make a CUDA IPC transfer from ``sender`` to ``receivers`` fail."""
-    problems = []
-    if not sender.available:
-        problems.append(f"the sender ({sender_name}) has no usable CUDA: {sender.reason}")
+    problems = [] if sender.available else [f"the sender ({sender_name}) has no usable CUDA: {sender.reason}"]
     by_reason: dict[str, list[int]] = {}
+    blind, same = [], []
     for rank, info in sorted(receivers.items()):
         if not info.available:
             by_reason.setdefault(info.reason, []).append(rank)
+        elif sender.available and sender.device_uuid not in info.visible_uuids:
+            blind.append(rank)
+        if (info.pid, info.node_id) == (sender.pid, sender.node_id):
+            same.append(rank)
     for reason, ranks in by_reason.items():
         problems.append(f"{receiver_name} rank(s) {short_ranks(ranks)} have no usable CUDA: {reason}")
-    if sender.available:
-        blind = [
-            rank
-            for rank, info in sorted(receivers.items())
-            if info.available and sender.device_uuid not in info.visible_uuids
-        ]
-        if blind:
-            problems.append(
-                f"{receiver_name} rank(s) {short_ranks(blind)} cannot see the sender's GPU "
-                f"{sender.device_uuid} (CUDA IPC maps memory on the GPU it was allocated on): colocate "
-                f"them on that GPU, or launch them with isolate_accelerator=False"
-            )
-    same = [
-        rank
-        for rank, info in sorted(receivers.items())
-        if info.pid == sender.pid and info.node_id == sender.node_id
-    ]
+    if blind:
+        problems.append(
+            f"{receiver_name} rank(s) {short_ranks(blind)} cannot see the sender's GPU "
+            f"{sender.device_uuid} (CUDA IPC maps memory on the GPU it was allocated on): colocate "
+            f"them on that GPU, or launch them with isolate_accelerator=False"
+        )
     if same:
         problems.append(
             f"{receiver_name} rank(s) {short_ranks(same)} run in the sender's own process (a fused "

@@ -119,12 +119,6 @@ class CudaIpcSender(CudaIpcSide, SenderSide):
         live.hold(index, buffer, spec.nbytes)
         return digest, handle
 
-    @served_asleep
-    def weights_ipc_stats(self) -> dict[str, int]:
-        """Buckets alive now and at most, since the process started (the memory bound, observed)."""
-        live = cuda_handles.live_buckets()
-        return {"live": len(live), "peak_count": live.peak_count, "peak_bytes": live.peak_bytes}
-
     def _weights_forget(self) -> None:
         super()._weights_forget()
         cuda_handles.live_buckets().release_all()
@@ -134,7 +128,7 @@ class CudaIpcReceiver(CudaIpcSide, ReceiverSide):
     """A rollout worker's side: each shared bucket mapped and copied into the GPU shadow."""
 
     @served_asleep
-    def weights_receive_ipc(self, version: int, index: int, bucket: cuda_handles.IpcBucket) -> int:
+    def weights_receive_ipc(self, version: int, index: int, bucket: cuda_handles.IpcBucket) -> None:
         """Map the sender's bucket (CUDA IPC, no copy), copy it into the GPU shadow, checksum what
         landed (through a host copy), and drop the mapping so the sender may free the bucket."""
         shadow = self._weights_shadow(version)
@@ -147,7 +141,6 @@ class CudaIpcReceiver(CudaIpcSide, ReceiverSide):
             shadow.checksums[index] = cuda_handles.host_staging().checksum(target)  # waits for the copy
         finally:
             del source
-        return shadow.checksums[index]
 
 
 @functools.cache

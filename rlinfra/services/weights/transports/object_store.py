@@ -84,7 +84,7 @@ class ObjectStoreReceiver(ReceiverSide):
     """A rollout worker's side: each bucket copied into the private shadow, hashed as it lands."""
 
     @served_asleep
-    def weights_receive(self, version: int, index: int, payload: list[np.ndarray]) -> int:
+    def weights_receive(self, version: int, index: int, payload: list[np.ndarray]) -> None:
         """Copy one bucket's tensors (zero-copy views of the object store) into the shadow
         buffer, checksumming what landed there as it lands (the entries tile the bucket, so this
         is the checksum of the whole shadow bucket)."""
@@ -101,7 +101,6 @@ class ObjectStoreReceiver(ReceiverSide):
                 np.copyto(landing, source)
         if shadow.hashed:
             shadow.checksums[index] = digest.intdigest()
-        return shadow.checksums.get(index, 0)
 
 
 class _OwnedPuts:
@@ -124,19 +123,15 @@ class _OwnedPuts:
             self.usable = table is not None and key in table
         self.keys[index] = key
 
-    def wait_released(self, through: int, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until buckets ``<= through`` are released; stop tracking
-        them either way. True if they were released (or cannot be observed)."""
+    def wait_released(self, through: int, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until buckets ``<= through`` are released, where that can
+        be observed; stop tracking them either way."""
         keys = [self.keys.pop(index) for index in sorted(self.keys) if index <= through]
-        if not keys or not self.usable:
-            return True
         deadline = Deadline.after(timeout_s)
-        while True:
+        while keys and self.usable and not deadline.expired:
             table = _reference_table()
             if table is None or not any(key in table for key in keys):
-                return True
-            if deadline.expired:
-                return False
+                return
             time.sleep(0.0005)
 
 

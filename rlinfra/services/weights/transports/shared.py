@@ -142,14 +142,13 @@ class SharedReceiver(ReceiverSide):
         return ref.hex(), shadow.checksums.get(index)
 
     @served_asleep
-    def weights_release_previous(self, version: int) -> bool:
+    def weights_release_previous(self, version: int) -> None:
         """Version ``version`` is committed everywhere: the one before it can no longer be rolled
         back to. Shared weights drop it now, so between updates a node's store holds one version
-        (private buffers keep it as the next shadow's memory). True if something was released."""
+        (private buffers keep it as the next shadow's memory)."""
         with self._weights() as state:
             previous = state.previous
             if not isinstance(previous, SharedBuffers) or state.current.version != version:
-                return False
+                return
             state.previous = None
         del previous  # outside the lock: dropping the references talks to Ray
-        return True
