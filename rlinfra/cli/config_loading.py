@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import omegaconf._utils
 import yaml
@@ -38,34 +38,33 @@ from omegaconf.errors import (
     UnsupportedInterpolationType,
 )
 
+from rlinfra.placement.config_access import to_plain
+
 
 class ConfigError(ValueError):
     """A config that cannot be used at all (as opposed to a bad placement inside it)."""
 
 
-def _placement_safe_loader() -> type:
+_INT_TAG = "tag:yaml.org,2002:int"
+_YAML12_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_OMEGACONF_LOADER = omegaconf._utils.get_yaml_loader()
+
+
+class _PlacementSafeLoader(_OMEGACONF_LOADER):  # type: ignore[misc, valid-type]
     """OmegaConf's YAML loader without YAML 1.1's base-60 integers.
 
     YAML 1.1 reads an unquoted ``placement: 1:0`` as the integer 60 (and ``1:30`` as 90), which
     would silently put "one process on GPU 1" on GPU 60. YAML 1.2 dropped base 60; so does this
     loader, which keeps such values as the strings the user wrote.
     """
-    base = omegaconf._utils.get_yaml_loader()
 
-    class PlacementSafeLoader(base):  # type: ignore[misc, valid-type]
-        pass
-
-    PlacementSafeLoader.yaml_implicit_resolvers = {
+    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT_TAG]
-        for first, resolvers in base.yaml_implicit_resolvers.items()
+        for first, resolvers in _OMEGACONF_LOADER.yaml_implicit_resolvers.items()
     }
-    PlacementSafeLoader.add_implicit_resolver(_INT_TAG, _YAML12_INT, list("-+0123456789"))
-    return PlacementSafeLoader
 
 
-_INT_TAG = "tag:yaml.org,2002:int"
-_YAML12_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
-_LOADER = _placement_safe_loader()
+_PlacementSafeLoader.add_implicit_resolver(_INT_TAG, _YAML12_INT, list("-+0123456789"))
 # RLinf's entry points use @hydra.main(version_base="1.1"); composing with the same base reads
 # their defaults lists the same way (e.g. a `hydra/...` group without the `override` keyword).
 _HYDRA_VERSION_BASE = "1.1"
@@ -122,7 +121,7 @@ def _read(path: Path, config_name: str | None) -> tuple[DictConfig, str]:
 def _load_file(path: Path) -> DictConfig:
     text = _read_text(path)
     try:
-        data = yaml.load(text, Loader=_LOADER)
+        data = yaml.load(text, Loader=_PlacementSafeLoader)
         loaded = OmegaConf.create(data) if data is not None else None
     except yaml.MarkedYAMLError as error:
         raise ConfigError(_describe_yaml_error(path, text, error)) from None
@@ -246,7 +245,7 @@ def _placement_safe_yaml() -> Iterator[None]:
     composition and restored after it; a test fails if OmegaConf stops looking the loader up.
     """
     original = omegaconf._utils.get_yaml_loader
-    omegaconf._utils.get_yaml_loader = lambda: _LOADER
+    omegaconf._utils.get_yaml_loader = lambda: _PlacementSafeLoader
     try:
         yield
     finally:
@@ -286,12 +285,7 @@ def _resolved_section(where: str, cfg: DictConfig, name: str) -> Any:
     """Top-level section ``name`` as plain values, its interpolations resolved against ``cfg``."""
     raw = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=False))[name]  # a DictConfig: a dict
     _resolve_all(where, cfg, {name: raw}, "")
-    section = cfg[name]
-    return (
-        OmegaConf.to_container(section, resolve=True)
-        if isinstance(section, DictConfig | ListConfig)
-        else section
-    )
+    return to_plain(cfg[name])
 
 
 def _resolve_all(where: str, node: DictConfig | ListConfig, raw: Any, path: str) -> None:

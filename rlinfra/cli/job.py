@@ -9,10 +9,10 @@ when it FAILED or was STOPPED, so scripts can chain on it.
 from __future__ import annotations
 
 import shlex
-import sys
 import time
+from functools import partial
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
-from rlinfra.cli.options import ConfigArgument, argument, option
+from rlinfra.cli.options import ConfigArgument, argument, option, user_errors
 from rlinfra.ops.jobs import (
     TERMINAL_STATUSES,
     JobInfo,
@@ -31,18 +31,15 @@ from rlinfra.ops.jobs import (
     parse_requirements,
 )
 from rlinfra.placement import PlacementError
+from rlinfra.views.tables import make_console
 
-USAGE_ERROR = 2
 JOB_FAILED = 1
 INTERRUPTED = 130
 DEFAULT_STOP_TIMEOUT_S = 60.0
 
 job_app = typer.Typer(
-    name="job",
     help="Submit, follow, stop and list jobs on a running Ray cluster (Ray's Jobs API, ray\\[default]).",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
 )
 
 AddressOption = Annotated[
@@ -53,9 +50,16 @@ AddressOption = Annotated[
         help="Dashboard address of the cluster. Default: RAY_ADDRESS, else http://127.0.0.1:8265.",
     ),
 ]
+FollowTimeoutOption = Annotated[
+    float | None,
+    option(
+        "--timeout",
+        metavar="SECONDS",
+        help="Stop following the logs after SECONDS (the job keeps running). Default: until it ends.",
+    ),
+]
 JobIdArgument = Annotated[
-    str,
-    argument(metavar="ID", help="Submission id (from `job submit` or `job list`)."),
+    str, argument(metavar="ID", help="Submission id (from `job submit` or `job list`).")
 ]
 
 
@@ -91,27 +95,16 @@ def submit(
     working_dir: Annotated[
         Path | None,
         option(
-            "--working-dir",
-            metavar="DIR",
-            help="Upload DIR and run the entrypoint in it.",
-            file_okay=False,
+            "--working-dir", metavar="DIR", help="Upload DIR and run the entrypoint in it.", file_okay=False
         ),
     ] = None,
     submission_id: Annotated[
-        str | None,
-        option("--submission-id", metavar="ID", help="Choose the job's id."),
+        str | None, option("--submission-id", metavar="ID", help="Choose the job's id.")
     ] = None,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="Print the id and return instead of following the logs.")
     ] = False,
-    timeout: Annotated[
-        float | None,
-        option(
-            "--timeout",
-            metavar="SECONDS",
-            help="Stop following after SECONDS (the job keeps running). Default: until it ends.",
-        ),
-    ] = None,
+    timeout: FollowTimeoutOption = None,
 ) -> None:
     """Submit ENTRYPOINT as a Ray job, then follow its logs until it ends.
 
@@ -120,8 +113,7 @@ def submit(
     runtime_env carries the config's runtime_env.env_vars and --env, but never anything that
     looks like a credential: Ray shows runtime_env to anyone who can list jobs.
     """
-    errors = _stderr()
-    try:
+    with user_errors(ConfigError, PlacementError, JobsError) as errors:
         cfg = load_cluster_config(config, also=("runtime_env",))
         required = parse_requirements(require or ())
         runtime_env = build_runtime_env(
@@ -133,13 +125,11 @@ def submit(
         job_id = client.submit(
             command, runtime_env, submission_id=submission_id, metadata={"rlinfra.config": config.name}
         )
-    except (ConfigError, PlacementError, JobsError) as error:
-        fail(errors, error)
-    if no_wait:
-        typer.echo(job_id)
-        return
-    errors.print(f"submitted {job_id} to {client.address}", style="dim")
-    status = _follow(client, job_id, timeout, errors)
+        if no_wait:
+            typer.echo(job_id)
+            return
+        errors.print(f"submitted {job_id} to {client.address}", style="dim")
+        status = _follow(client, job_id, timeout, errors)
     if status in TERMINAL_STATUSES and status != "SUCCEEDED":
         raise typer.Exit(JOB_FAILED)
 
@@ -147,11 +137,8 @@ def submit(
 @job_app.command("status")
 def status(job_id: JobIdArgument, address: AddressOption = None) -> None:
     """Print the job's status (PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED) and Ray's message."""
-    errors = _stderr()
-    try:
+    with user_errors(JobsError):
         info = JobsClient(address).info(job_id)
-    except JobsError as error:
-        fail(errors, error)
     typer.echo(f"{info.id}: {info.status}" + (f" ({info.message})" if info.message else ""))
 
 
@@ -160,25 +147,15 @@ def logs(
     job_id: JobIdArgument,
     address: AddressOption = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
-    timeout: Annotated[
-        float | None,
-        option(
-            "--timeout",
-            metavar="SECONDS",
-            help="With --follow: stop following after SECONDS. Default: until the job ends.",
-        ),
-    ] = None,
+    timeout: FollowTimeoutOption = None,
 ) -> None:
     """Print the job's output so far, or with --follow everything until it ends."""
-    errors = _stderr()
-    try:
+    with user_errors(JobsError) as errors:
         client = JobsClient(address)
         if not follow:
             typer.echo(client.logs(job_id), nl=False)
             return
-    except JobsError as error:
-        fail(errors, error)
-    _follow(client, job_id, timeout, errors)
+        _follow(client, job_id, timeout, errors)
 
 
 @job_app.command("stop")
@@ -186,54 +163,33 @@ def stop(
     job_id: JobIdArgument,
     address: AddressOption = None,
     timeout: Annotated[
-        float,
-        typer.Option("--timeout", metavar="SECONDS", help="How long to wait for the job to end."),
+        float, typer.Option("--timeout", metavar="SECONDS", help="How long to wait for the job to end.")
     ] = DEFAULT_STOP_TIMEOUT_S,
 ) -> None:
     """Stop the job and wait until Ray reports it ended."""
-    errors = _stderr()
-    try:
+    with user_errors(JobsError):
         client = JobsClient(address)
         if not client.stop(job_id):
             typer.echo(f"{job_id}: already ended ({client.status(job_id)})")
             return
         final = client.wait(job_id, timeout_s=timeout)
-    except JobsError as error:
-        fail(errors, error)
-    if final in TERMINAL_STATUSES:
-        typer.echo(f"{job_id}: {final}")
-        return
-    fail(errors, JobsError(f"{job_id} is still {final} {timeout:g} s after the stop request"))
+        if final not in TERMINAL_STATUSES:
+            raise JobsError(f"{job_id} is still {final} {timeout:g} s after the stop request")
+    typer.echo(f"{job_id}: {final}")
 
 
 @job_app.command("list")
 def list_jobs(address: AddressOption = None) -> None:
     """List the cluster's jobs, oldest first."""
-    errors = _stderr()
-    try:
+    with user_errors(JobsError):
         jobs = JobsClient(address).list()
-    except JobsError as error:
-        fail(errors, error)
-    Console(soft_wrap=True).print(_jobs_table(jobs))
-
-
-def fail(console: Console, error: Exception) -> NoReturn:
-    """Print a user error without a traceback and exit with the usage-error status."""
-    console.print(Text.assemble(("error: ", "bold red"), str(error)), soft_wrap=True)
-    raise typer.Exit(USAGE_ERROR)
+    make_console(soft_wrap=True).print(_jobs_table(jobs))
 
 
 def _follow(client: JobsClient, job_id: str, timeout: float | None, errors: Console) -> str:
     """Stream the logs to stdout; a final status line on stderr. Ctrl-C detaches, it stops nothing."""
-
-    def write(chunk: str) -> None:
-        sys.stdout.write(chunk)
-        sys.stdout.flush()
-
     try:
-        final = client.tail(job_id, write, timeout_s=timeout)
-    except JobsError as error:
-        fail(errors, error)
+        final = client.tail(job_id, partial(print, end="", flush=True), timeout_s=timeout)
     except KeyboardInterrupt:
         errors.print(f"\ndetached; {job_id} keeps running (rlinfra job stop {job_id} stops it)")
         raise typer.Exit(INTERRUPTED) from None
@@ -265,7 +221,3 @@ def _jobs_table(jobs: list[JobInfo]) -> Table:
         )
         table.add_row(job.id, job.status, started, job.entrypoint or "-")
     return table
-
-
-def _stderr() -> Console:
-    return Console(stderr=True, soft_wrap=True)

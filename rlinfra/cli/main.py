@@ -1,8 +1,4 @@
-"""The ``rlinfra`` command: one typer app, one module per subcommand.
-
-``app`` has a root callback so that typer keeps it a command group even while ``plan`` is the
-only subcommand; ``run``, ``job`` and ``slurm`` register here the same way as ``plan``.
-"""
+"""The ``rlinfra`` command: one typer app, one module per subcommand."""
 
 from __future__ import annotations
 
@@ -15,16 +11,12 @@ from rlinfra.cli.slurm import slurm_app
 
 app = typer.Typer(
     name="rlinfra",
+    help="rlinfra: placement, launch, ordering and visible errors for RL systems on Ray.",
     no_args_is_help=True,
     add_completion=False,
     # A real bug should show its traceback, but not the locals of frames holding 8,000 placements.
     pretty_exceptions_show_locals=False,
 )
-
-
-@app.callback()
-def cli() -> None:
-    """rlinfra: placement, launch, ordering and visible errors for RL systems on Ray."""
 
 
 app.command("plan")(plan)

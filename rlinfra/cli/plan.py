@@ -12,25 +12,13 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
-from rlinfra.cli.layout_view import LayoutError, plan_job_layout
-from rlinfra.cli.node_view import node_loads, overload_message, overloaded, parse_cpus
-from rlinfra.cli.options import argument, option
-from rlinfra.cli.plan_view import (
-    dumps_plan,
-    env_table,
-    env_to_dict,
-    make_console,
-    plan_to_dict,
-    render_plan,
-    save_map_svg,
-)
+from rlinfra.cli.options import argument, option, print_error, user_errors
 from rlinfra.placement import (
     ClusterConfig,
     ClusterSpec,
@@ -40,8 +28,18 @@ from rlinfra.placement import (
 )
 from rlinfra.placement.config import parse_nodes_spec
 from rlinfra.runtime.env import WorkerEnvs, driver_allowlist
+from rlinfra.views.layout_view import plan_job_layout
+from rlinfra.views.node_view import node_loads, overload_message, overloaded, parse_cpus
+from rlinfra.views.plan_view import (
+    dumps_plan,
+    env_table,
+    env_to_dict,
+    plan_to_dict,
+    render_plan,
+    save_map_svg,
+)
+from rlinfra.views.tables import make_console, plural
 
-USAGE_ERROR = 2
 DOES_NOT_FIT = 1  # the plan is valid but some node cannot hold what it reserves
 DEFAULT_ACCELERATORS = 8
 
@@ -107,23 +105,21 @@ def plan(
     what each process reserves and which components share devices. --json prints the plan for other
     tools instead.
     """
-    errors = make_console(stderr=True)
-    try:
+    with user_errors(ConfigError, PlacementError) as errors:
         cluster = parse_cluster_config(load_cluster_config(config, config_name).cluster)
         spec = ClusterSpec.from_config(cluster, accelerator_counts(cluster, nodes, errors))
         placement = ComponentPlacement({"cluster": cluster}, spec)
-        secrets = placement.config.secrets
-        allowlist = driver_allowlist(placement.config.env_allowlist)
         layout = plan_job_layout(placement)
         loads = node_loads(layout, spec.num_nodes, _node_cpus(cpus, placement))
-    except (ConfigError, PlacementError, LayoutError) as error:
-        fail(errors, error)
-    if env is not None:
-        _show_env(placement, env, rank, allowlist, secrets, as_json, errors)
-        return
-    if svg is not None:
-        # Before any output, so an unwritable path fails cleanly instead of after half a plan.
-        _write_svg(svg, spec, placement, show_all, errors)
+        if env is not None:
+            _show_env(placement, env, rank, as_json)
+            return
+        if svg is not None:
+            # Before any output, so an unwritable path fails cleanly instead of after half a plan.
+            try:
+                save_map_svg(svg, spec, placement, show_all)
+            except OSError as error:
+                raise ConfigError(f"{svg}: cannot write the SVG: {error.strerror or error}") from None
     if as_json:
         typer.echo(dumps_plan(plan_to_dict(spec, placement, layout, loads)))
     else:
@@ -131,7 +127,7 @@ def plan(
     if svg is not None:
         errors.print(f"wrote the node × device map to {svg}", style="dim")
     if overloaded(loads):
-        errors.print(Text.assemble(("error: ", "bold red"), overload_message(loads)), soft_wrap=True)
+        print_error(errors, overload_message(loads))
         raise typer.Exit(DOES_NOT_FIT)
 
 
@@ -145,40 +141,27 @@ def _node_cpus(cpus: str | None, placement: ComponentPlacement) -> list[int] | N
     return None
 
 
-def _show_env(
-    placement: ComponentPlacement,
-    component: str,
-    rank: int,
-    allowlist: tuple[str, ...],
-    secrets: tuple[Any, ...],
-    as_json: bool,
-    errors: Console,
-) -> None:
+def _show_env(placement: ComponentPlacement, component: str, rank: int, as_json: bool) -> None:
     """The environment of ``component``'s rank ``rank``, as ``WorkerGroup.launch`` composes it."""
     if component not in placement.components:
-        fail(
-            errors,
-            PlacementError(f"unknown component {component!r}", where="--env", expected=_one_of(placement)),
-        )
+        names = ", ".join(repr(name) for name in placement.components)
+        raise PlacementError(f"unknown component {component!r}", where="--env", expected=f"one of {names}")
     records = placement.get_placements(component)
     if rank >= len(records):
-        fail(errors, PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank"))
+        raise PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank")
     record = records[rank]
     envs = WorkerEnvs(
         placement.cluster_spec,
         component_env=placement.get_env_vars(component),
         component=component,
-        allowlist=allowlist,
+        allowlist=driver_allowlist(placement.config.env_allowlist),
     )
     resolved = envs.of(record)
+    secrets = placement.config.secrets
     if as_json:
         typer.echo(dumps_plan(env_to_dict(component, record, resolved, secrets)))
     else:
         make_console().print(env_table(component, record, resolved, secrets))
-
-
-def _one_of(placement: ComponentPlacement) -> str:
-    return "one of " + ", ".join(repr(name) for name in placement.components)
 
 
 def accelerator_counts(config: ClusterConfig, nodes: str | None, notes: Console) -> int | list[int]:
@@ -186,7 +169,14 @@ def accelerator_counts(config: ClusterConfig, nodes: str | None, notes: Console)
     ``cluster.num_gpus_per_node``, else a stated default."""
     if nodes is not None:
         counts = parse_nodes_spec(nodes, "--nodes")
-        _check_node_count(counts, config.num_nodes, "--nodes")
+        if len(counts) != config.num_nodes:
+            # A size mismatch is almost always a wrong file or a typo, so say which numbers disagree.
+            raise PlacementError(
+                f"{plural(len(counts), 'node')} given, but cluster.num_nodes is {config.num_nodes}",
+                where="--nodes",
+                expected=f"exactly {plural(config.num_nodes, 'node')}, e.g. '{config.num_nodes}x8', "
+                "or change cluster.num_nodes",
+            )
         return counts
     if config.simulate is not None:
         return list(config.simulate)
@@ -198,32 +188,3 @@ def accelerator_counts(config: ClusterConfig, nodes: str | None, notes: Console)
         style="dim",
     )
     return DEFAULT_ACCELERATORS
-
-
-def _check_node_count(counts: list[int], num_nodes: int, source: str) -> None:
-    """A size mismatch is almost always a wrong file or a typo, so say which numbers disagree."""
-    if len(counts) != num_nodes:
-        raise PlacementError(
-            f"{_nodes(len(counts))} given, but cluster.num_nodes is {num_nodes}",
-            where=source,
-            expected=f"exactly {_nodes(num_nodes)}, e.g. '{num_nodes}x8', or change cluster.num_nodes",
-        )
-
-
-def _nodes(count: int) -> str:
-    return f"{count} node" if count == 1 else f"{count} nodes"
-
-
-def fail(console: Console, error: Exception) -> NoReturn:
-    """Print a user error without a traceback and exit with the usage-error status."""
-    console.print(Text.assemble(("error: ", "bold red"), str(error)), soft_wrap=True)
-    raise typer.Exit(USAGE_ERROR)
-
-
-def _write_svg(
-    path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool, console: Console
-) -> None:
-    try:
-        save_map_svg(path, spec, placement, show_all)
-    except OSError as error:
-        fail(console, ConfigError(f"{path}: cannot write the SVG: {error.strerror or error}"))

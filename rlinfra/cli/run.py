@@ -21,25 +21,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.cli.config_loading import ConfigError, load_config
-from rlinfra.cli.options import argument
-from rlinfra.cli.plan import fail
-from rlinfra.cli.plan_view import make_console
+from rlinfra.cli.options import argument, user_errors
 
 
 def run(
-    config: Annotated[
-        Path,
-        argument(metavar="CONFIG", help="YAML config with cluster and run sections."),
-    ],
+    config: Annotated[Path, argument(metavar="CONFIG", help="YAML config with cluster and run sections.")],
     overrides: Annotated[
-        list[str] | None,
-        argument(metavar="[KEY=VALUE]...", help="Overrides, e.g. algo.iterations=50."),
+        list[str] | None, argument(metavar="[KEY=VALUE]...", help="Overrides, e.g. algo.iterations=50.")
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
 ) -> None:
     """Run the job CONFIG names in run.entrypoint: placement map first, then progress, then results."""
-    errors = make_console(stderr=True)
-    try:
+    with user_errors(ConfigError, OmegaConfBaseException):
         cfg = load_config(config)
         if overrides:
             malformed = [item for item in overrides if "=" not in item or item.startswith("=")]
@@ -47,8 +40,6 @@ def run(
                 raise ConfigError(f"override {malformed[0]!r}: expected KEY=VALUE, e.g. algo.iterations=50")
             cfg = cast(DictConfig, OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))))
         entry = resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config)
-    except (ConfigError, OmegaConfBaseException) as error:
-        fail(errors, error)
     raise typer.Exit(entry(cfg, resume=resume))
 
 

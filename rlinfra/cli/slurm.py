@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from rlinfra.cli.config_loading import ConfigError, load_cluster_config
-from rlinfra.cli.job import fail
-from rlinfra.cli.options import ConfigArgument, argument, option
+from rlinfra.cli.options import ConfigArgument, argument, option, user_errors
 from rlinfra.ops.slurm import (
     DEFAULT_NODE_TIMEOUT_S,
     DEFAULT_PORT,
@@ -29,11 +27,8 @@ from rlinfra.ops.slurm import (
 from rlinfra.placement import PlacementError
 
 slurm_app = typer.Typer(
-    name="slurm",
     help="Run a config's driver on a Ray cluster bootstrapped inside one Slurm allocation.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
 )
 
 
@@ -77,16 +72,13 @@ def _script_command(name: str, submitting: bool) -> None:
             ),
         ] = None,
         partition: Annotated[
-            str | None,
-            option("--partition", "-p", metavar="P", help="Slurm partition."),
+            str | None, option("--partition", "-p", metavar="P", help="Slurm partition.")
         ] = None,
         time_limit: Annotated[
-            str | None,
-            option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00."),
+            str | None, option("--time", "-t", metavar="T", help="Slurm time limit, e.g. 4:00:00.")
         ] = None,
         job_name: Annotated[
-            str | None,
-            option("--job-name", "-J", metavar="NAME", help="Default: the config's file name."),
+            str | None, option("--job-name", "-J", metavar="NAME", help="Default: the config's file name.")
         ] = None,
         sbatch: Annotated[
             list[str] | None,
@@ -112,13 +104,11 @@ def _script_command(name: str, submitting: bool) -> None:
             typer.Option("--node-timeout", metavar="SECONDS", help="How long to wait for all nodes to join."),
         ] = DEFAULT_NODE_TIMEOUT_S,
     ) -> None:
-        errors = Console(stderr=True, soft_wrap=True)
         if submitting and output is None:
             output = Path(f"{_job_name(config)}.sbatch")
-        try:
-            cfg = load_cluster_config(config)
+        with user_errors(ConfigError, PlacementError, SlurmError) as errors:
             job = job_from_config(
-                cfg.cluster,
+                load_cluster_config(config).cluster,
                 driver,
                 gpus_per_node=gpus_per_node,
                 cpus_per_node=cpus_per_node,
@@ -132,25 +122,16 @@ def _script_command(name: str, submitting: bool) -> None:
                 config_name=str(config),
             )
             script = render_sbatch(job, output.name if output else "job.sbatch")
-        except (ConfigError, PlacementError, SlurmError) as error:
-            fail(errors, error)
-        if output is None:
-            typer.echo(script, nl=False)
-            return
-        try:
-            output.write_text(script, encoding="utf-8")
-            mode = output.stat().st_mode
-            output.chmod(mode | (mode & 0o444) >> 2)  # executable for whoever may read it, like chmod +x
-        except OSError as error:
-            fail(errors, ConfigError(f"{output}: cannot write the script: {error.strerror or error}"))
-        if not submitting:
-            nodes = f"{job.num_nodes} node(s)"
-            errors.print(f"wrote {output} ({nodes}); submit it with: sbatch {output}", style="dim")
-            return
-        try:
+            if output is None:
+                typer.echo(script, nl=False)
+                return
+            _write_executable(output, script)
+            if not submitting:
+                errors.print(
+                    f"wrote {output} ({job.num_nodes} node(s)); submit it with: sbatch {output}", style="dim"
+                )
+                return
             job_id, log = submit(output)
-        except SlurmError as error:
-            fail(errors, error)
         typer.echo(f"submitted job {job_id} ({job.num_nodes} node(s)); log: {log}")
         typer.echo(f"follow it: rlinfra slurm status {job_id}")
 
@@ -172,14 +153,20 @@ _script_command("submit", submitting=True)
 def status(job_id: Annotated[str, argument(metavar="JOBID", help="The job id submit printed.")]) -> None:
     """Slurm's state of the job, and what its script logged about Ray: the head, the nodes that
     joined, the driver's end."""
-    errors = Console(stderr=True, soft_wrap=True)
-    try:
+    with user_errors(SlurmError):
         shown = job_status(job_id)
-    except SlurmError as error:
-        fail(errors, error)
     typer.echo(f"job {shown.job_id}: {shown.state} on {shown.nodes}; log: {shown.log}")
     for line in shown.ray or ("(nothing from the script yet)",):
         typer.echo(f"  {line}")
+
+
+def _write_executable(path: Path, script: str) -> None:
+    try:
+        path.write_text(script, encoding="utf-8")
+        mode = path.stat().st_mode
+        path.chmod(mode | (mode & 0o444) >> 2)  # executable for whoever may read it, like chmod +x
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot write the script: {error.strerror or error}") from None
 
 
 def _job_name(config: Path) -> str:

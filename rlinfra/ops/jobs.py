@@ -92,9 +92,6 @@ class JobInfo:
     entrypoint: str
     message: str
     start_time_ms: int | None
-    end_time_ms: int | None
-    runtime_env: Mapping[str, Any]
-    metadata: Mapping[str, str]
 
     @property
     def id(self) -> str:
@@ -102,10 +99,10 @@ class JobInfo:
         return self.submission_id or self.job_id or "?"
 
 
-def refuse_secrets(env_vars: Mapping[str, str], where: str) -> None:
+def refuse_secrets(env_vars: Mapping[Any, Any], where: str) -> None:
     """Raise ``JobsError`` naming the first credential-looking variable (never its value)."""
     for name, value in env_vars.items():
-        reason = looks_like_secret(name, value)
+        reason = looks_like_secret(str(name), str(value))
         if reason:
             raise JobsError(f"{where} {name}: refused, {reason}. {SECRETS_HINT}.")
 
@@ -295,9 +292,8 @@ class JobsClient:
         so are ``metadata`` values, which Ray shows next to it.
         """
         env = dict(runtime_env or {})
-        env_vars = env.get("env_vars") or {}
-        refuse_secrets({str(k): str(v) for k, v in env_vars.items()}, "runtime_env env_vars:")
-        refuse_secrets({str(k): str(v) for k, v in (metadata or {}).items()}, "job metadata")
+        refuse_secrets(env.get("env_vars") or {}, "runtime_env env_vars:")
+        refuse_secrets(metadata or {}, "job metadata")
         if URL_WITH_PASSWORD.search(entrypoint):
             raise JobsError(f"the entrypoint holds a URL with a user:password part. {SECRETS_HINT}.")
         with self._calling("submit the job"):
@@ -310,8 +306,7 @@ class JobsClient:
 
     def status(self, job_id: str) -> str:
         """The job's status: PENDING, RUNNING, STOPPED, SUCCEEDED or FAILED."""
-        with self._calling("read the job's status", job_id):
-            return str(self._client.get_job_status(job_id).value)
+        return self.info(job_id).status
 
     def info(self, job_id: str) -> JobInfo:
         with self._calling("read the job", job_id):
@@ -356,19 +351,17 @@ class JobsClient:
         return sorted(jobs, key=lambda job: (job.start_time_ms or 0, job.id))
 
     async def _follow(self, job_id: str, write: Callable[[str], None], deadline: Deadline) -> bool:
-        stream = self._client.tail_job_logs(job_id)
-        try:
-            while True:
-                left = None if deadline.limit_s == math.inf else deadline.left()
-                try:
-                    chunk = await asyncio.wait_for(stream.__anext__(), left)
-                except StopAsyncIteration:
-                    return True
-                except asyncio.TimeoutError:
-                    return False
+        """True when the log stream ended (the job did), False at the deadline."""
+
+        async def stream() -> None:
+            async for chunk in self._client.tail_job_logs(job_id):
                 write(chunk)
-        finally:
-            await stream.aclose()
+
+        try:
+            await asyncio.wait_for(stream(), None if deadline.limit_s == math.inf else deadline.left())
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     @contextmanager
     def _calling(self, action: str, job_id: str | None = None) -> Iterator[None]:
@@ -454,9 +447,6 @@ def _job_info(details: Any) -> JobInfo:
         entrypoint=details.entrypoint or "",
         message=details.message or "",
         start_time_ms=details.start_time,
-        end_time_ms=details.end_time,
-        runtime_env=dict(details.runtime_env or {}),
-        metadata=dict(details.metadata or {}),
     )
 
 

@@ -31,7 +31,6 @@ from rlinfra.placement.config import parse_cluster_config
 
 DEFAULT_PORT = 6379
 DEFAULT_NODE_TIMEOUT_S = 600
-DEFAULT_STOP_GRACE_S = 15
 TEMPLATE = "slurm_template.sh"
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
@@ -62,7 +61,6 @@ class SlurmJob:
     setup: tuple[str, ...] = ()
     port: int = DEFAULT_PORT
     node_timeout_s: int = DEFAULT_NODE_TIMEOUT_S
-    stop_grace_s: int = DEFAULT_STOP_GRACE_S
     config_name: str = "a config"
 
     def __post_init__(self) -> None:
@@ -80,19 +78,15 @@ class SlurmJob:
             raise SlurmError(f"--time {self.time!r}: expected a Slurm time such as 30, 4:00:00 or 2-00:00:00")
         if not 1024 <= self.port <= 65535:
             raise SlurmError(f"--port {self.port}: expected 1024-65535")
-        if self.node_timeout_s < 1 or self.stop_grace_s < 0:
-            raise SlurmError("--node-timeout must be ≥ 1 and the stop grace ≥ 0 seconds")
+        if self.node_timeout_s < 1:
+            raise SlurmError(f"--node-timeout {self.node_timeout_s}: expected at least 1 second")
         for line in (self.partition or "", *self.sbatch_options, *self.setup, *self.driver, self.config_name):
             if _NO_NEWLINES.search(line):
                 raise SlurmError(f"{line!r}: a line break would end the #SBATCH line or the command early")
 
 
 def job_from_config(
-    cluster_cfg: Any,
-    driver: Sequence[str],
-    *,
-    gpus_per_node: int | None = None,
-    **options: Any,
+    cluster_cfg: Any, driver: Sequence[str], *, gpus_per_node: int | None = None, **options: Any
 ) -> SlurmJob:
     """A ``SlurmJob`` for the config's ``cluster`` section: ``num_nodes`` nodes, and GPUs per node
     from ``gpus_per_node`` or else ``cluster.simulate`` (``"NxG"``; per-node counts must agree,
@@ -111,19 +105,16 @@ def job_from_config(
 
 def render_sbatch(job: SlurmJob, script_name: str = "job.sbatch") -> str:
     """The sbatch script for ``job`` (text; the caller writes it and makes it executable)."""
-    directives = [
-        f"#SBATCH --job-name={job.job_name}",
-        f"#SBATCH --nodes={job.num_nodes}",
-        "#SBATCH --ntasks-per-node=1",
-    ]
-    if job.gpus_per_node:
-        directives.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
-    if job.cpus_per_node:
-        directives.append(f"#SBATCH --cpus-per-task={job.cpus_per_node}")
-    if job.partition:
-        directives.append(f"#SBATCH --partition={job.partition}")
-    if job.time:
-        directives.append(f"#SBATCH --time={job.time}")
+    chosen = {
+        "job-name": job.job_name,
+        "nodes": job.num_nodes,
+        "ntasks-per-node": 1,
+        "gpus-per-node": job.gpus_per_node,
+        "cpus-per-task": job.cpus_per_node,
+        "partition": job.partition,
+        "time": job.time,
+    }
+    directives = [f"#SBATCH --{name}={value}" for name, value in chosen.items() if value]
     directives += [f"#SBATCH {_sbatch_option(option)}" for option in job.sbatch_options]
     values: Mapping[str, str] = {
         "CONFIG": job.config_name,
@@ -136,7 +127,6 @@ def render_sbatch(job: SlurmJob, script_name: str = "job.sbatch") -> str:
         "DRIVER": " ".join(shlex.quote(word) for word in job.driver),
         "PORT": str(job.port),
         "NODE_TIMEOUT": str(job.node_timeout_s),
-        "STOP_GRACE": str(job.stop_grace_s),
     }
     text = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
     return re.sub(r"@@([A-Z_]+)@@", lambda match: values[match.group(1)], text)

@@ -15,7 +15,7 @@
 #   RLINFRA_SLURM_HEAD_ARGS   extra `ray start` arguments for the head (e.g. --dashboard-port=N)
 #   RLINFRA_SLURM_WORKER_ARGS extra `ray start` arguments for the other nodes
 #   RLINFRA_SLURM_NODE_TIMEOUT seconds to wait for the head and then for all nodes (default @@NODE_TIMEOUT@@)
-#   RLINFRA_SLURM_STOP_GRACE  seconds between SIGTERM and SIGKILL at teardown (default @@STOP_GRACE@@,
+#   RLINFRA_SLURM_STOP_GRACE  seconds between SIGTERM and SIGKILL at teardown (default 15,
 #                             shortened to fit inside Slurm's KillWait)
 #   RLINFRA_SLURM_RAY, RLINFRA_SLURM_PYTHON  the `ray` and `python` to run (default: from PATH)
 # Token authentication: RAY_AUTH_MODE defaults to token; without RAY_AUTH_TOKEN or
@@ -36,7 +36,7 @@ ray_bin=${RLINFRA_SLURM_RAY:-ray}
 python_bin=${RLINFRA_SLURM_PYTHON:-python3}
 port=${RLINFRA_SLURM_PORT:-@@PORT@@}
 node_timeout=${RLINFRA_SLURM_NODE_TIMEOUT:-@@NODE_TIMEOUT@@}
-stop_grace=${RLINFRA_SLURM_STOP_GRACE:-@@STOP_GRACE@@}
+stop_grace=${RLINFRA_SLURM_STOP_GRACE:-15}
 read -r -a head_args <<< "${RLINFRA_SLURM_HEAD_ARGS:-}"
 read -r -a worker_args <<< "${RLINFRA_SLURM_WORKER_ARGS:-}"
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlinfra.cli.main import app
-from rlinfra.cli.plan_view import format_ranks
+from rlinfra.views.plan_view import format_ranks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "placement"
 SEED = EXAMPLES / "seed_node_groups.yaml"

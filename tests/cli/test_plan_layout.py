@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from rlinfra.cli.layout_view import format_slices, reservations_text
 from rlinfra.cli.main import app
+from rlinfra.views.layout_view import format_slices, reservations_text
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "placement"
 COLOCATED = EXAMPLES / "colocated.yaml"

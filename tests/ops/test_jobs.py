@@ -200,6 +200,11 @@ def test_stop_ends_a_long_job(head: Head, config: Path, client: JobsClient) -> N
     )  # fmt: skip
     assert submitted.exit_code == 0, submitted.output
     _wait_for_status(client, job_id, "RUNNING")
+    started = time.monotonic()
+    followed = invoke(head, "logs", job_id, "--address", head.address, "--follow", "--timeout", "2")
+    assert followed.exit_code == 0, followed.output
+    assert f"{job_id} is still RUNNING after 2 s; stopped following it" in followed.stderr
+    assert time.monotonic() - started < 20  # following ended at its deadline, the job did not
     stopped = invoke(head, "stop", job_id, "--address", head.address, "--timeout", "60")
     assert stopped.exit_code == 0, stopped.output
     assert f"{job_id}: STOPPED" in stopped.stdout

@@ -11,37 +11,36 @@ job: one row per component (devices summarised per node), relations among the fi
 from __future__ import annotations
 
 from collections import Counter
+from itertools import combinations
+from math import comb
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlinfra.placement import ComponentPlacement
+from rlinfra.placement import ComponentPlacement, PlacementError
 from rlinfra.placement.errors import short_ranks
+from rlinfra.placement.node_groups import NODE_KIND
 from rlinfra.placement.record import VISIBILITY_ENV
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
+from rlinfra.views.tables import amounts, number, plural, titled_table
 
 LAYOUT_ROWS = 32  # components shown in the layout table without --all
 RELATION_COMPONENTS = 12  # relations are listed among this many components without --all
 DEVICE_PARTS = 3  # distinct per-node device sets shown in one cell
 RESERVATION_PARTS = 3  # distinct per-process reservations shown in one cell
-NODE_KIND = "node"
-
-
-class LayoutError(ValueError):
-    """The placements cannot be reserved as one placement group (e.g. a fraction above 1)."""
 
 
 def plan_job_layout(placement: ComponentPlacement) -> LayoutPlan:
-    """Every component of the config in one placement group, as a live ``Layout`` would plan it."""
+    """Every component of the config in one placement group, as a live ``Layout`` would plan it;
+    a ``PlacementError`` when the placements cannot be reserved so (e.g. a fraction above 1)."""
     placements = {name: placement.get_placements(name) for name in placement.components}
     constraints = {name: placement.get_process_constraints(name) for name in placement.components}
     cpus = {name: placement.get_num_cpus(name) for name in placement.components}
     try:
         return plan_layout(placements, cpus, constraints=constraints)
     except ValueError as error:
-        raise LayoutError(f"cannot lay the job out as one placement group: {error}") from None
+        raise PlacementError(f"cannot lay the job out as one placement group: {error}") from None
 
 
 # --- JSON ------------------------------------------------------------------------------------------
@@ -65,7 +64,7 @@ def layout_to_dict(layout: LayoutPlan, placement: ComponentPlacement) -> dict[st
         },
         "relations": [
             {"a": first, "b": second, "relation": layout.relation(first, second)}
-            for first, second in _pairs(placement.components)
+            for first, second in combinations(placement.components, 2)
         ],
     }
 
@@ -79,55 +78,26 @@ def _reservation_dict(row: ActorReservation) -> dict[str, Any]:
     }
 
 
-def _pairs(names: list[str]) -> list[tuple[str, str]]:
-    return [(first, second) for index, first in enumerate(names) for second in names[index + 1 :]]
-
-
 # --- human view --------------------------------------------------------------------------------------
-
-
-def render_layout(
-    console: Console,
-    layout: LayoutPlan,
-    placement: ComponentPlacement,
-    colors: dict[str, str],
-    show_all: bool,
-) -> None:
-    """The layout table, then the relations between components."""
-    console.print(layout_table(layout, placement, colors, show_all))
-    relations = relations_text(layout, placement, colors, show_all)
-    if relations is not None:
-        console.print()
-        console.print(relations)
 
 
 def layout_table(
     layout: LayoutPlan, placement: ComponentPlacement, colors: dict[str, str], show_all: bool
 ) -> Table:
     """One row per component: its bundles, the devices they hold, what each process reserves."""
-    count = len(layout.bundles)
-    title = Text.assemble(
-        ("Layout", "bold"), f" (one placement group, {count} bundle{'' if count == 1 else 's'})"
-    )
-    table = Table(
-        title=title,
-        title_justify="left",
-        caption=_caption(layout, placement),
-        caption_justify="left",
-        header_style="bold",
-        show_edge=False,
-    )
+    bundles = plural(len(layout.bundles), "bundle")
+    title = Text.assemble(("Layout", "bold"), f" (one placement group, {bundles})")
+    table = titled_table(title, _caption(layout, placement), show_edge=False)
     for column in ("component", "bundles", "devices", "per process"):
         table.add_column(column)
     names = placement.components
     shown = names if show_all else names[:LAYOUT_ROWS]
     for name in shown:
         kind = placement.get_placements(name)[0].hardware_type
-        indices = layout.bundle_indices(name)
         table.add_row(
             Text(name, style=colors[name]),
             format_slices(layout.slices(name)),
-            devices_text(layout, indices, kind),
+            devices_text(layout, layout.bundle_indices(name), kind),
             reservations_text(layout.reservations[name]),
         )
     if len(shown) < len(names):
@@ -141,9 +111,7 @@ def _caption(layout: LayoutPlan, placement: ComponentPlacement) -> str:
     for bundle in layout.bundles:
         for name, amount in bundle.items():
             totals[name] = totals.get(name, 0.0) + amount
-    amounts = ", ".join(f"{name} {_number(totals[name])}" for name in sorted(totals, key=_resource_order))
-    nodes = len(set(layout.bundle_nodes))
-    caption = f"reserves {amounts} on {nodes} node{'' if nodes == 1 else 's'}"
+    caption = f"reserves {amounts(totals)} on {plural(len(set(layout.bundle_nodes)), 'node')}"
     custom = sorted(
         {placement.get_placements(name)[0].hardware_type for name in placement.components}
         - set(VISIBILITY_ENV)
@@ -155,10 +123,6 @@ def _caption(layout: LayoutPlan, placement: ComponentPlacement) -> str:
             "advertises a resource of that name)"
         )
     return caption
-
-
-def _resource_order(name: str) -> tuple[int, str]:
-    return (1 if name == "CPU" else 0, name)
 
 
 def format_slices(slices: list[tuple[int, int]], limit: int = 4) -> str:
@@ -178,18 +142,16 @@ def devices_text(layout: LayoutPlan, indices: list[int], kind: str) -> str:
     for index in indices:
         per_node.setdefault(layout.bundle_nodes[index], set()).update(layout.bundle_devices[index])
     if not any(per_node.values()):
-        return f"{_node_label(sorted(per_node))} (whole node)"
+        return f"node {short_ranks(sorted(per_node))} (whole node)"
     nodes_of: dict[tuple[int, ...], list[int]] = {}
     for node in sorted(per_node):
         nodes_of.setdefault(tuple(sorted(per_node[node])), []).append(node)
-    parts = [f"{_node_label(nodes)}: {kind} {short_ranks(devices)}" for devices, nodes in nodes_of.items()]
+    parts = [
+        f"node {short_ranks(nodes)}: {kind} {short_ranks(devices)}" for devices, nodes in nodes_of.items()
+    ]
     if len(parts) > DEVICE_PARTS:
         return "\n".join([*parts[:DEVICE_PARTS], f"… ({len(per_node)} nodes in all)"])
     return "\n".join(parts)
-
-
-def _node_label(nodes: list[int]) -> str:
-    return f"node {short_ranks(nodes)}"
 
 
 def reservations_text(rows: list[ActorReservation]) -> str:
@@ -205,15 +167,10 @@ def reservations_text(rows: list[ActorReservation]) -> str:
 
 
 def _reservation_text(num_gpus: float, resources: tuple[tuple[str, float], ...], num_cpus: float) -> str:
-    parts = [f"GPU {_number(num_gpus)}"] if num_gpus else []
-    parts += [f"{name} {_number(amount)}" for name, amount in resources]
-    parts.append(f"CPU {_number(num_cpus)}")
+    parts = [f"GPU {number(num_gpus)}"] if num_gpus else []
+    parts += [f"{name} {number(amount)}" for name, amount in resources]
+    parts.append(f"CPU {number(num_cpus)}")
     return ", ".join(parts)
-
-
-def _number(value: float) -> str:
-    """``8000``, ``0.5``, ``0.3333`` (Ray's resource precision is 1e-4)."""
-    return str(int(value)) if value == int(value) else f"{round(value, 4):g}"
 
 
 def relations_text(
@@ -229,14 +186,13 @@ def relations_text(
         return None
     shown = names if show_all else names[:RELATION_COMPONENTS]
     lines = [Text("Relations", style="bold")]
-    for first, second in _pairs(shown):
+    for first, second in combinations(shown, 2):
         relation = layout.relation(first, second)
         line = Text.assemble("  ", (first, colors[first]), " ↔ ", (second, colors[second]), f": {relation}")
         if placement.get_strategy(first) is placement.get_strategy(second):
             line.append(" (one config key)", style="dim")
         lines.append(line)
-    total = len(names) * (len(names) - 1) // 2
-    omitted = total - len(shown) * (len(shown) - 1) // 2
+    omitted = comb(len(names), 2) - comb(len(shown), 2)
     if omitted:
         lines.append(
             Text(

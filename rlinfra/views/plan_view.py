@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +19,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rlinfra.cli.device_map import DeviceMap, NodeRow, Occupants, build_device_map
-from rlinfra.cli.layout_view import layout_to_dict, render_layout
-from rlinfra.cli.node_view import NodeLoad, nodes_table, nodes_to_dict
 from rlinfra.placement import ClusterSpec, ComponentPlacement, Placement
 from rlinfra.placement.errors import short_ranks
+from rlinfra.views.device_map import DeviceMap, NodeRow, Occupants, build_device_map
+from rlinfra.views.layout_view import layout_table, layout_to_dict, relations_text
+from rlinfra.views.node_view import NodeLoad, nodes_table, nodes_to_dict
+from rlinfra.views.tables import make_console, titled_table
 
 if TYPE_CHECKING:
     from rlinfra.placement.secret_specs import SecretSpec
@@ -55,13 +57,6 @@ _PALETTE = (
 )
 
 
-def make_console(**options: Any) -> Console:
-    """A console that prints user text literally: labels and paths may contain ``[...]``, which
-    rich would read as markup, and highlighting would recolor numbers, blurring the one color
-    per component that ties tables to the map."""
-    return Console(markup=False, highlight=False, **options)
-
-
 def component_colors(names: Sequence[str]) -> dict[str, str]:
     """A stable color per component, in config order."""
     return {name: _PALETTE[index % len(_PALETTE)] for index, name in enumerate(names)}
@@ -69,21 +64,12 @@ def component_colors(names: Sequence[str]) -> dict[str, str]:
 
 def format_ranks(ranks: Sequence[int]) -> str:
     """Ranks as runs (``0-100``), two neighbours as ``0,1``; a count once there are more than two."""
-    runs: list[str] = []
-    start = previous = ranks[0]
-    for rank in [*ranks[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if previous == start:
-            runs.append(str(start))
-        elif previous == start + 1:
-            runs.append(f"{start},{previous}")
-        else:
-            runs.append(f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    text = ",".join(runs[:3]) + (",…" if len(runs) > 3 else "")
+    parts: list[str] = []
+    # Consecutive ranks keep the same difference to their index (the itertools recipe for runs).
+    for _, pairs in groupby(enumerate(ranks), key=lambda pair: pair[1] - pair[0]):
+        run = [rank for _, rank in pairs]
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+    text = ",".join(parts[:3]) + (",…" if len(parts) > 3 else "")
     return text if len(ranks) <= 2 else f"{text} ({len(ranks)})"
 
 
@@ -113,14 +99,13 @@ def dumps_plan(value: Any, level: int = 0) -> str:
     Parses like any JSON; reads better than ``indent=2`` for thousands of placements and is about
     four times faster, because each record is written by the C encoder (``indent`` is not).
     """
+    inner, outer = JSON_INDENT * (level + 1), JSON_INDENT * level
     if isinstance(value, dict) and value:
-        inner = JSON_INDENT * (level + 1)
         items = [f"{inner}{json.dumps(key)}: {dumps_plan(item, level + 1)}" for key, item in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + JSON_INDENT * level + "}"
+        return "{\n" + ",\n".join(items) + "\n" + outer + "}"
     if isinstance(value, list) and any(isinstance(item, dict) for item in value):
-        inner = JSON_INDENT * (level + 1)
         records = ",\n".join(inner + json.dumps(item) for item in value)
-        return "[\n" + records + "\n" + JSON_INDENT * level + "]"
+        return "[\n" + records + "\n" + outer + "]"
     return json.dumps(value)
 
 
@@ -135,23 +120,25 @@ def render_plan(
     """Header, one table per strategy, the node × device map, the layout and relations, then what
     each node reserves."""
     colors = component_colors(placement.components)
-    console.print(Text.assemble(("Cluster: ", "bold"), spec.describe()))
+    console.print(_cluster_line(spec))
     for names in strategy_groups(placement):
         console.print()
         console.print(strategy_table(names, placement, colors, show_all))
     console.print()
-    console.print(map_table(build_device_map(spec, placement, None if show_all else MAP_NODES), colors))
+    console.print(_map(spec, placement, show_all))
     console.print()
-    render_layout(console, layout, placement, colors, show_all)
+    console.print(layout_table(layout, placement, colors, show_all))
+    relations = relations_text(layout, placement, colors, show_all)
+    if relations is not None:
+        console.print()
+        console.print(relations)
     console.print()
     console.print(nodes_table(loads, show_all))
 
 
 def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
     """Write the map as an SVG picture, sized to fit the map rather than the terminal."""
-    colors = component_colors(placement.components)
-    table = map_table(build_device_map(spec, placement, None if show_all else MAP_NODES), colors)
-    picture = Group(Text.assemble(("Cluster: ", "bold"), spec.describe()), table)
+    picture = Group(_cluster_line(spec), _map(spec, placement, show_all))
     width = make_console(width=MAX_SVG_WIDTH, file=io.StringIO()).measure(picture).maximum
     console = make_console(
         record=True,
@@ -162,6 +149,15 @@ def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, s
     )
     console.print(picture)
     console.save_svg(str(path), title=f"rlinfra plan — {spec.describe()}")
+
+
+def _cluster_line(spec: ClusterSpec) -> Text:
+    return Text.assemble(("Cluster: ", "bold"), spec.describe())
+
+
+def _map(spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> Table:
+    device_map = build_device_map(spec, placement, None if show_all else MAP_NODES)
+    return map_table(device_map, component_colors(placement.components))
 
 
 def strategy_groups(placement: ComponentPlacement) -> list[list[str]]:
@@ -188,14 +184,7 @@ def strategy_table(
     )
     indices = shown_indices(len(records), show_all)
     caption = None if len(indices) == len(records) else "--all shows every rank"
-    table = Table(
-        title=title,
-        title_justify="left",
-        caption=caption,
-        caption_justify="left",
-        header_style="bold",
-        show_edge=False,
-    )
+    table = titled_table(title, caption, show_edge=False)
     for column in ("rank", "node", "local rank", "devices", "visible", "group", "hardware ranks"):
         table.add_column(column, justify="right" if column in ("rank", "node") else "left")
     for index in indices:
@@ -230,16 +219,9 @@ def _record_cells(record: Placement) -> list[str]:
 def map_table(device_map: DeviceMap, colors: dict[str, str]) -> Table:
     """One row per node: its groups, what runs on each accelerator, on the node, on each unit."""
     caption = None
-    if device_map.truncated:
+    if len(device_map.rows) < device_map.total_nodes:
         caption = f"first {len(device_map.rows)} of {device_map.total_nodes} nodes; --all shows every node"
-    table = Table(
-        title=Text("Node × device map", style="bold"),
-        title_justify="left",
-        caption=caption,
-        caption_justify="left",
-        header_style="bold",
-        show_lines=True,
-    )
+    table = titled_table(Text("Node × device map", style="bold"), caption, show_lines=True)
     table.add_column("node", justify="right")
     table.add_column("groups")
     for index in range(device_map.max_accelerators):
@@ -255,11 +237,8 @@ def map_table(device_map: DeviceMap, colors: dict[str, str]) -> Table:
 
 def _map_cells(row: NodeRow, device_map: DeviceMap, colors: dict[str, str]) -> list[RenderableType]:
     cells: list[RenderableType] = [str(row.rank), ", ".join(row.groups) or Text("—", style="dim")]
-    for index in range(device_map.max_accelerators):
-        if index >= len(row.accelerators):
-            cells.append("")
-        else:
-            cells.append(_occupants_text(row.accelerators[index], colors))
+    cells += [_occupants_text(occupants, colors) for occupants in row.accelerators]
+    cells += [""] * (device_map.max_accelerators - len(row.accelerators))
     if device_map.has_whole_node:
         cells.append(_occupants_text(row.whole_node, colors))
     if device_map.has_hardware:
@@ -280,7 +259,7 @@ def _hardware_text(row: NodeRow, colors: dict[str, str]) -> Text:
     lines = []
     for unit, occupants in row.hardware.items():
         users = _occupants_text(occupants, colors, separator="; ") if occupants else Text("—", style="dim")
-        lines.append(Text.assemble(f"{unit.name}: ", users))
+        lines.append(Text.assemble(f"{unit.type}{unit.index}: ", users))
     return Text("\n").join(lines)
 
 
@@ -307,14 +286,7 @@ def env_table(component: str, record: Placement, env: ResolvedEnv, secrets: Sequ
     served = [spec.name for spec in secrets if not spec.expose_as_env]
     if served:
         notes.append("secrets served by self.secret() only: " + ", ".join(served))
-    table = Table(
-        title=title,
-        title_justify="left",
-        caption="\n".join(notes),
-        caption_justify="left",
-        header_style="bold",
-        show_edge=False,
-    )
+    table = titled_table(title, "\n".join(notes), show_edge=False)
     table.add_column("NAME", no_wrap=True)
     table.add_column("VALUE", overflow="fold")
     table.add_column("SOURCE")

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from rlinfra.placement.errors import PlacementError, short_ranks
 from rlinfra.runtime.bundles import LayoutPlan
+from rlinfra.views.tables import amounts, number, titled_table
 
 NODE_ROWS = 16  # nodes listed without --all (nodes that do not fit are always listed)
 
@@ -54,24 +55,17 @@ def node_loads(layout: LayoutPlan, num_nodes: int, cpus: Sequence[int] | None) -
 def parse_cpus(text: str, num_nodes: int) -> list[int]:
     """``--cpus``: one count for every node (``64``) or one per node (``64,64,32``)."""
     parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() and len(part) <= 7 for part in parts):
-        raise PlacementError(
-            f"cannot read {text!r} as CPU counts",
-            where="--cpus",
-            text=text,
-            expected="CPUs per node: one count for all nodes (e.g. 64) or one per node (e.g. 64,64,32)",
-        )
-    counts = [int(part) for part in parts]
-    if len(counts) == 1:
-        return counts * num_nodes
-    if len(counts) != num_nodes:
-        raise PlacementError(
-            f"{len(counts)} CPU counts for {num_nodes} nodes",
-            where="--cpus",
-            text=text,
-            expected=f"one count for all nodes, or exactly {num_nodes} counts",
-        )
-    return counts
+    readable = all(part.isdigit() and len(part) <= 7 for part in parts)
+    if readable and len(parts) == 1:
+        return [int(parts[0])] * num_nodes
+    if readable and len(parts) == num_nodes:
+        return [int(part) for part in parts]
+    raise PlacementError(
+        f"{len(parts)} CPU counts for {num_nodes} nodes" if readable else f"cannot read {text!r} as counts",
+        where="--cpus",
+        text=text,
+        expected=f"CPUs per node: one count for all nodes (e.g. 64) or {num_nodes}, one per node (64,64,32)",
+    )
 
 
 def overloaded(loads: Sequence[NodeLoad]) -> list[NodeLoad]:
@@ -81,23 +75,15 @@ def overloaded(loads: Sequence[NodeLoad]) -> list[NodeLoad]:
 def nodes_table(loads: Sequence[NodeLoad], show_all: bool) -> Table:
     """Per node: what the placement group reserves, the node's CPUs, and whether it fits."""
     known = any(load.cpus is not None for load in loads)
-    table = Table(
-        title=Text.assemble(("Reserved per node", "bold")),
-        title_justify="left",
-        caption=None
-        if known
-        else "node sizes unknown: --cpus N (or cluster.simulate_cpus) checks that each fits",
-        caption_justify="left",
-        header_style="bold",
-        show_edge=False,
-    )
+    unknown = "node sizes unknown: --cpus N (or cluster.simulate_cpus) checks that each fits"
+    table = titled_table(Text("Reserved per node", style="bold"), None if known else unknown, show_edge=False)
     for column in ("node", "reserves", *(("has", "fits") if known else ())):
         table.add_column(column)
     shown = [load for index, load in enumerate(loads) if show_all or index < NODE_ROWS or load.cpu_shortfall]
     for load in shown:
-        cells: list[str | Text] = [str(load.node), _amounts(load.reserves)]
+        cells: list[str | Text] = [str(load.node), amounts(load.reserves)]
         if known:
-            cells += [f"CPU {_number(load.cpus or 0.0)}", _fit(load)]
+            cells += [f"CPU {number(load.cpus or 0.0)}", _fit(load)]
         table.add_row(*cells)
     if len(shown) < len(loads):
         table.add_row(f"… {len(loads) - len(shown)} more", "--all shows every node", style="dim")
@@ -110,8 +96,8 @@ def overload_message(loads: Sequence[NodeLoad]) -> str:
     worst = max(bad, key=lambda load: load.cpu_shortfall)
     return (
         f"the layout does not fit: node(s) {short_ranks([load.node for load in bad])} reserve more CPUs "
-        f"than they have (node {worst.node}: CPU {_number(worst.reserves.get('CPU', 0.0))} of "
-        f"{_number(worst.cpus or 0.0)}); lower num_cpus of the components there, or use larger nodes"
+        f"than they have (node {worst.node}: CPU {number(worst.reserves.get('CPU', 0.0))} of "
+        f"{number(worst.cpus or 0.0)}); lower num_cpus of the components there, or use larger nodes"
     )
 
 
@@ -130,16 +116,5 @@ def nodes_to_dict(loads: Sequence[NodeLoad]) -> list[dict[str, Any]]:
 
 def _fit(load: NodeLoad) -> Text:
     if load.cpu_shortfall:
-        return Text(f"no: short by CPU {_number(load.cpu_shortfall)}", style="bold red")
+        return Text(f"no: short by CPU {number(load.cpu_shortfall)}", style="bold red")
     return Text("yes", style="green")
-
-
-def _amounts(reserves: dict[str, float]) -> str:
-    if not reserves:
-        return "—"
-    order = sorted(reserves, key=lambda name: (name == "CPU", name))
-    return ", ".join(f"{name} {_number(reserves[name])}" for name in order)
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if value == int(value) else f"{round(value, 4):g}"

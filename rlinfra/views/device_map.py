@@ -25,17 +25,13 @@ class HardwareSlot:
     type: str
     index: int
 
-    @property
-    def name(self) -> str:
-        return f"{self.type}{self.index}"
-
 
 @dataclass
 class NodeRow:
     """Occupancy of one node. ``accelerators[i]`` holds the processes on local accelerator ``i``."""
 
     rank: int
-    groups: tuple[str, ...]
+    groups: list[str]
     accelerators: list[Occupants]
     whole_node: Occupants = field(default_factory=dict)
     hardware: dict[HardwareSlot, Occupants] = field(default_factory=dict)
@@ -52,22 +48,18 @@ class DeviceMap:
     has_whole_node: bool
     has_hardware: bool
 
-    @property
-    def truncated(self) -> bool:
-        return len(self.rows) < self.total_nodes
-
 
 def build_device_map(
     spec: ClusterSpec, placement: ComponentPlacement, node_limit: int | None = None
 ) -> DeviceMap:
     """Occupancy of nodes ``0..node_limit-1`` (all nodes when ``node_limit`` is None)."""
-    shown = spec.num_nodes if node_limit is None else min(node_limit, spec.num_nodes)
-    rows = _empty_rows(spec, shown)
+    nodes = spec.nodes[:node_limit]
+    rows = _empty_rows(spec, len(nodes))
     has_whole_node = False
     for name in placement.components:
         for record in placement.get_placements(name):
             has_whole_node = has_whole_node or record.hardware_type == NODE_KIND
-            if record.cluster_node_rank >= shown:
+            if record.cluster_node_rank >= len(rows):
                 continue
             row = rows[record.cluster_node_rank]
             if record.hardware_type == NODE_KIND:
@@ -80,7 +72,7 @@ def build_device_map(
                     record.node_group_label, record.hardware_type, record.local_hardware_ranks[0]
                 )
                 row.hardware.setdefault(unit, {}).setdefault(name, []).append(record.rank)
-    accelerated = [node for node in spec.nodes[:shown] if node.num_accelerators]
+    accelerated = [node for node in nodes if node.num_accelerators]
     return DeviceMap(
         rows=rows,
         total_nodes=spec.num_nodes,
@@ -93,23 +85,14 @@ def build_device_map(
 
 def _empty_rows(spec: ClusterSpec, shown: int) -> list[NodeRow]:
     """One row per shown node, with every hardware unit listed (idle units are worth seeing)."""
-    labels: dict[int, list[str]] = {}
-    units: dict[int, list[HardwareSlot]] = {}
+    rows = [NodeRow(node.rank, [], [{} for _ in range(node.num_accelerators)]) for node in spec.nodes[:shown]]
     for group in spec.node_groups.values():
         if group.label in (CLUSTER_GROUP, NODE_GROUP):
             continue
         for rank in group.node_ranks:
             if rank < shown:
-                labels.setdefault(rank, []).append(group.label)
+                rows[rank].groups.append(group.label)
         for unit in group.hardware:
             if unit.node_rank < shown:
-                units.setdefault(unit.node_rank, []).append(HardwareSlot(group.label, unit.type, unit.index))
-    return [
-        NodeRow(
-            rank=node.rank,
-            groups=tuple(labels.get(node.rank, ())),
-            accelerators=[{} for _ in range(node.num_accelerators)],
-            hardware={unit: {} for unit in units.get(node.rank, ())},
-        )
-        for node in spec.nodes[:shown]
-    ]
+                rows[unit.node_rank].hardware[HardwareSlot(group.label, unit.type, unit.index)] = {}
+    return rows
