@@ -87,15 +87,12 @@ class Bandit(Job):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         check_sections(cfg, ("name", "cluster", "run", "algo"))
         self.algo, self.settings = parse_section(Algo, cfg, "algo"), parse_section(RunSettings, cfg, "run")
-        self.settings.check()
         self.total, self.state = self.algo.iterations, RunState()
 
     def launch(self, run: Run) -> None:
         version = run.start_trainer(lambda: Policy.create_group(self.algo.learning_rate))
         self.samplers = run.launch("rollout", Sampler.create_group(), max_concurrency=2)
-        run.connect_weights(
-            self.samplers, lambda trainer: trainer.execute_on(0).weights_state().wait()[0], version
-        )
+        run.connect_weights(self.samplers, version)  # each gets the trainer's weights_state()
         run.supervise([self.samplers])  # a dead sampler is replaced, its pulls made again
 
     def start(self, run: Run) -> None:

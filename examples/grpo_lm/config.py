@@ -1,31 +1,32 @@
 """The GRPO job's own config sections, parsed once into typed records before Ray starts.
 
-``algo`` is ``GRPOConfig`` (every hyperparameter of the single-process GRPO, the same fields);
-``model`` says where the start checkpoint comes from; ``engine`` what generates; ``run`` where
-outputs go and how the job runs. Each is an OmegaConf structured config parsed by
-``rlinfra.driver`` (one ``JobConfigError`` per mistake, named by key); ``cluster`` is
-rlinfra's. Every other top-level key is refused.
+``algo`` is ``GRPOConfig`` (every hyperparameter of the single-process GRPO, the same fields and
+ranges); ``model`` says where the start checkpoint comes from; ``engine`` what generates; ``run``
+where outputs go and how the job runs. ``rlinfra.driver.parse_config`` parses them (one
+``JobConfigError`` per mistake, named by key; every other top-level key but ``cluster`` and
+``name`` refused); this module refuses what the sections say to each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from examples.grpo_lm.lm.config import GRPOConfig
 from rlinfra import driver
-from rlinfra.driver import JobConfigError, check_sections, parse_section, require
+from rlinfra.driver import JobConfigError, parse_config
+from rlinfra.engines.vllm import VLLMSettings, VLLMUnavailableError, require_vllm
 
 # What only the model the job builds itself uses (with model.path they would be silently ignored).
 BUILT_LOCALLY = frozenset(
     {"hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"}
     | {f.name for f in dataclasses.fields(GRPOConfig) if f.name.startswith("warmup_")}
 )
-ENGINE_TRANSPORTS = ("object_store", "broadcast")  # an engine receiver stages in private host memory
-ENGINES = ("hf", "vllm")
 VLLM_ONLY = ("dtype", "kv_cache_mib")  # what only the vLLM engine reads
+ENGINE_TRANSPORTS = ("object_store", "broadcast")  # what can fill an engine receiver's host memory
+STAGED = "the engine stages a version in private host memory"
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,11 @@ class EngineSettings:
     every committed version the engines' log-probs of a fixed probe batch of ``probe_size``
     sequences must equal the trainer's within ``probe_tolerance`` (``logprob_mismatch``)."""
 
-    name: str = "hf"
+    name: str = field(default="hf", metadata={"one_of": ("hf", "vllm")})
     dtype: str = "float32"
     kv_cache_mib: int = 64
-    probe_size: int = 8
-    probe_tolerance: float = 1e-3
+    probe_size: int = field(default=8, metadata={"at_least": 1})
+    probe_tolerance: float = field(default=1e-3, metadata={"above": 0})
 
     def vllm_settings(self) -> dict[str, Any]:
         """What ``VLLMSettings`` takes from this section (the model and seed come from elsewhere)."""
@@ -57,11 +58,13 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class RunSettings(driver.RunSettings):
-    """``run``: rlinfra's settings, with this job's defaults."""
+    """``run``: rlinfra's settings, with this job's defaults and the transports that can fill an
+    engine receiver's private host memory."""
 
     entrypoint: str = "examples.grpo_lm.job:main"  # read by ``rlinfra run``, not by the job
     output_dir: str = "outputs/grpo_lm"
-    checkpoint_every: int = 10  # updates
+    checkpoint_every: int = field(default=10, metadata={"at_least": 1})  # updates
+    transport: str = field(default="object_store", metadata={"one_of": ENGINE_TRANSPORTS, "why": STAGED})
 
 
 @dataclass(frozen=True)
@@ -70,83 +73,45 @@ class JobAlgo(GRPOConfig):
     training: ``max_staleness: 1`` generates the next batch while the actor trains on this one
     (disaggregated); ``0`` is strictly on-policy (colocated: the two take turns on the devices)."""
 
-    max_staleness: int = 1
+    max_staleness: int = field(default=1, metadata={"one_of": (0, 1)})
 
     def grpo(self) -> GRPOConfig:
         """The fields the workers' GRPO code reads."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOConfig)}
-        return GRPOConfig(**fields)
+        return GRPOConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOConfig)})
 
 
 @dataclass(frozen=True)
 class JobConfig:
-    name: str
     algo: JobAlgo
     model: ModelSettings
+    engine: EngineSettings
     run: RunSettings
-    engine: EngineSettings = EngineSettings()
-
-
-SECTIONS = ("cluster", "name", "algo", "model", "engine", "run")
 
 
 def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
-    """The whole config checked and typed: unknown sections refused, each section parsed."""
-    check_sections(cfg, SECTIONS)
-    algo = parse_section(JobAlgo, cfg, "algo")
-    require(algo.max_staleness in (0, 1), "algo.max_staleness", algo.max_staleness, "0 or 1")
-    require(algo.updates >= 1, "algo.updates", algo.updates, "at least 1")
-    require(
-        algo.group_size >= 2, "algo.group_size", algo.group_size, "at least 2 (the group is the baseline)"
-    )
-    require(algo.prompts_per_step >= 1, "algo.prompts_per_step", algo.prompts_per_step, "at least 1")
-    require(algo.eval_every >= 1, "algo.eval_every", algo.eval_every, "at least 1")
-    model = parse_section(ModelSettings, cfg, "model")
-    if model.path:
-        written = [str(key) for key in (cfg.get("algo") or {}) if str(key) in BUILT_LOCALLY]
-        if written:
-            raise JobConfigError(
-                f"algo.{written[0]}: shapes and warms up the model the job builds itself, but model.path "
-                f"({model.path}) gives the start checkpoint; remove one of them"
-            )
-    run = parse_section(RunSettings, cfg, "run")
-    run.check(ENGINE_TRANSPORTS, "the engine stages a version in private host memory")
-    return JobConfig(str(cfg.get("name") or ""), algo, model, run, _engine(cfg))
-
-
-def _engine(cfg: Mapping[str, Any]) -> EngineSettings:
-    """The ``engine`` section; ``vllm`` is checked to be installed here, before Ray starts."""
-    engine = parse_section(EngineSettings, cfg, "engine")
-    require(engine.name in ENGINES, "engine.name", engine.name, f"one of {ENGINES}")
-    require(engine.probe_size >= 1, "engine.probe_size", engine.probe_size, "at least 1")
-    require(engine.probe_tolerance > 0, "engine.probe_tolerance", engine.probe_tolerance, "a positive number")
-    if engine.name == "vllm":
-        from rlinfra.engines.vllm import VLLMUnavailableError, require_vllm
-
+    """The whole config checked and typed; ``vllm`` is checked to be installed here, before Ray starts."""
+    job = parse_config(JobConfig, cfg)
+    built = [str(key) for key in (cfg.get("algo") or {}) if str(key) in BUILT_LOCALLY]
+    if job.model.path and built:
+        raise JobConfigError(
+            f"algo.{built[0]}: shapes and warms up the model the job builds itself, but model.path "
+            f"({job.model.path}) gives the start checkpoint; remove one of them"
+        )
+    vllm_only = [str(key) for key in (cfg.get("engine") or {}) if str(key) in VLLM_ONLY]
+    if job.engine.name != "vllm" and vllm_only:
+        raise JobConfigError(
+            f"engine.{vllm_only[0]}: a setting of the vllm engine, but engine.name is {job.engine.name!r}"
+        )
+    if job.engine.name == "vllm":
         try:
             require_vllm()
         except VLLMUnavailableError as error:
             raise JobConfigError(f"engine.name: vllm: {error}") from None
-    else:
-        written = [key for key in (cfg.get("engine") or {}) if str(key) in VLLM_ONLY]
-        if written:
-            raise JobConfigError(
-                f"engine.{written[0]}: a setting of the vllm engine, but engine.name is {engine.name!r}"
-            )
-    return engine
-
-
-def algo_dict(job: JobConfig) -> dict[str, Any]:
-    """What the workers are built from: the GRPO fields, as plain values."""
-    return dataclasses.asdict(job.algo.grpo())
+    return job
 
 
 def check_engine(job: JobConfig, start_path: str) -> None:
-    """The vLLM engine refuses, before Ray starts, a model it cannot serve faithfully."""
+    """The vLLM engine refuses (``VLLMSettingsError``), before Ray starts, a model it cannot serve
+    faithfully."""
     if job.engine.name == "vllm":
-        from rlinfra.engines.vllm import VLLMSettings, VLLMSettingsError
-
-        try:
-            VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
-        except VLLMSettingsError as error:
-            raise JobConfigError(f"engine: {error}") from None
+        VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()

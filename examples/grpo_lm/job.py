@@ -12,7 +12,7 @@ One iteration with ``algo.max_staleness: 1`` (disaggregated):
     evaluate (every eval_every)   greedy held-out exact match on engine 0, at the version it serves
 
 With ``max_staleness: 0`` (colocated: actor and engines share devices and take turns) there is no
-overlap. Faults, checkpoints, ``--resume``, metrics and Ctrl-C are the driver's.
+overlap. Faults, checkpoints, ``--resume``, metrics, Ctrl-C and the log-prob probe are the driver's.
 
     rlinfra run examples/grpo_lm/disaggregated.yaml [algo.updates=200 ...] [--resume]
 """
@@ -21,48 +21,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from rich.console import Console
 
-from examples.grpo_lm.config import JobConfig, algo_dict, check_engine, parse_job_config
+from examples.grpo_lm.config import JobConfig, check_engine, parse_job_config
 from examples.grpo_lm.lm.model import ModelLoadError
 from examples.grpo_lm.lm.rollout import sample_seed
 from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
 from examples.grpo_lm.lm.warmup import start_checkpoint
 from examples.grpo_lm.reward import RewardWorker
 from examples.grpo_lm.workers import Policy, RolloutWorker
-from rlinfra.driver import (
-    Batch,
-    Job,
-    JobConfigError,
-    LogprobProbe,
-    Run,
-    RunResult,
-    RunState,
-    job_main,
-)
+from rlinfra.driver import Batch, Job, JobConfigError, Run, RunResult, RunState, job_main
+from rlinfra.engines.vllm import VLLMSettingsError
 
 
 @dataclass
 class GRPOState(RunState):
-    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "tokens", "curve", "warm_accuracy", "sampler_draws")
+    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "curve", "warm_accuracy")
     KEPT_ON_REWIND: ClassVar = ("training_s", "warm_accuracy")
 
-    tokens: int = 0  # completion tokens trained on
-    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (iteration, time_s, accuracy)
-    warm_accuracy: float | None = None  # held-out accuracy of the start checkpoint
-    sampler_draws: int = 0  # prompts of the batches gathered (a resumed run goes on after them)
-
-    def __post_init__(self) -> None:
-        self.curve = [(int(i), float(t), float(a)) for i, t, a in self.curve]
-        if not self.curve and self.warm_accuracy is not None:
-            self.curve = [(0, 0.0, self.warm_accuracy)]
+    curve: list[list[float]] = field(default_factory=list)  # [iteration, time_s, accuracy] per evaluation
+    warm_accuracy: float | None = None  # held-out accuracy of the start checkpoint (iteration 0)
 
     @property
     def accuracy(self) -> float | None:
-        return self.curve[-1][2] if self.curve else None
+        return self.curve[-1][2] if self.curve else self.warm_accuracy
 
 
 class GRPOJob(Job):
@@ -73,8 +58,6 @@ class GRPOJob(Job):
         self.total, self.state, self.stop_at_target = job.algo.updates, GRPOState(), job.algo.stop_at_target
         self.overlap = job.algo.max_staleness >= 1
         self.heldout = heldout_prompts(job.algo.eval_size)
-        self.probe: LogprobProbe | None = None
-        self.mismatch: float | None = None  # the last committed version's logprob_mismatch
 
     def target(self) -> float | None:
         """Held-out exact match: the start checkpoint's, plus ``algo.target_gain``."""
@@ -82,10 +65,11 @@ class GRPOJob(Job):
         return None if warm is None else warm + self.algo.target_gain
 
     def curve(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in self.state.curve]
+        warm = [[0, 0.0, self.state.warm_accuracy]] if self.state.warm_accuracy is not None else []
+        return [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in warm + self.state.curve]
 
     def check(self, run: Run) -> None:
-        run.share(self.algo.prompts_per_step, "rollout", "algo.prompts_per_step")
+        self.per_engine = run.share(self.algo.prompts_per_step, "rollout", "algo.prompts_per_step")
         colocated = run.relation("actor", "rollout") == "colocated"
         if self.job.engine.name == "vllm" and colocated and run.cluster.config.simulate is not None:
             raise JobConfigError(
@@ -95,7 +79,7 @@ class GRPOJob(Job):
             )
 
     def launch(self, run: Run) -> None:
-        algo, path = algo_dict(self.job), self.start_path
+        algo, path = asdict(self.algo.grpo()), self.start_path
         self.reward = run.launch("reward", RewardWorker.create_group(self.algo.format_credit))
         version = run.start_trainer(lambda: Policy.create_group(actor=(algo, path), ref=(algo, path)))
         if self.job.engine.name == "vllm":
@@ -105,30 +89,26 @@ class GRPOJob(Job):
         else:
             engines = RolloutWorker.create_group(algo, path)
         self.rollout = run.launch("rollout", engines, max_concurrency=2)  # generate + stage
-        run.connect_weights(
-            self.rollout, lambda policy: policy.execute_on(0).weights_state().wait()[0], version
-        )
+        run.connect_weights(self.rollout, version)
         run.supervise([self.rollout, self.reward])
         run.time_share([run.trainer, self.rollout, self.reward], awake="rollout")
+        if self.state.warm_accuracy is None:  # not resumed
+            self.state.warm_accuracy = self._evaluate(run)
+        # The probe: a fixed batch, as engine 0 samples it now (real engine output).
+        prompts, group = self.heldout[: self.job.engine.probe_size], self.algo.group_size
+        made = run.retried(lambda: self.rollout.execute_on(0).generate(prompts, self.algo.seed).wait()[0])
+        sequences = [(c.prompt_ids, c.completion_ids) for c in made["completions"][::group]]
+        run.probe(sequences, self.job.engine.probe_tolerance)
 
     def start(self, run: Run) -> None:
-        state = self.state
-        if state.warm_accuracy is None:
-            state.warm_accuracy = self._evaluate(run)
-            state.curve.append((0, 0.0, state.warm_accuracy))
-        if self.probe is None:  # a fixed batch, as engine 0 samples it now: real engine output
-            prompts, group = self.heldout[: self.job.engine.probe_size], self.algo.group_size
-            made = run.retried(lambda: self.rollout.execute_on(0).generate(prompts, self.algo.seed).wait()[0])
-            sequences = [(c.prompt_ids, c.completion_ids) for c in made["completions"][::group]]
-            self.probe = LogprobProbe(sequences, self.job.engine.probe_tolerance)
-        self.sampler, self.drawn = PromptSampler(self.algo.seed), state.sampler_draws
-        self.sampler.sample(self.drawn)  # the same prompt stream, after the prompts already used
+        self.sampler = PromptSampler(self.algo.seed)
+        self.drawn = self.state.iteration * self.algo.prompts_per_step  # by the updates done so far
+        self.sampler.sample(self.drawn)  # the same prompt stream goes on after them (resumed, restarted)
         self._generate(run)
 
     def _generate(self, run: Run) -> None:
-        per_engine = self.algo.prompts_per_step // len(self.rollout.ranks)
-        prompts = {rank: self.sampler.sample(per_engine) for rank in self.rollout.ranks}
-        self.drawn += per_engine * len(prompts)
+        prompts = {rank: self.sampler.sample(self.per_engine) for rank in self.rollout.ranks}
+        self.drawn += self.per_engine * len(prompts)
         seeds = {rank: sample_seed(self.algo.seed, self.drawn * 1_000 + rank) for rank in prompts}
         self.pending = run.generate(self.rollout, RolloutWorker.generate, lambda r, _: (prompts[r], seeds[r]))
 
@@ -140,8 +120,7 @@ class GRPOJob(Job):
         state, algo, clock = self.state, self.algo, time.perf_counter()
         batches = run.gather(self.pending)
         generate_s = time.perf_counter() - clock
-        state.sampler_draws += algo.prompts_per_step
-        self._commit(run)
+        run.commit()  # and the engines' log-probs of the probe checked against the trainer's
         last = state.iteration + 1 == algo.updates
         if self.overlap and not last:
             self._generate(run)  # on the newest weights, while the actor trains
@@ -150,11 +129,11 @@ class GRPOJob(Job):
         train_s = time.perf_counter() - clock
         switch_s += run.turn("rollout")  # (colocated: after the checkpoint, while the actor was awake)
         if not self.overlap:
-            self._commit(run)  # into the engines, before they generate again
+            run.commit()  # into the engines, before they generate again
         accuracy = self._evaluate(run) if state.iteration % algo.eval_every == 0 or last else None
         run.tick()
         if accuracy is not None:
-            state.curve.append((state.iteration, round(state.training_s, 3), accuracy))
+            state.curve.append([state.iteration, round(state.training_s, 3), accuracy])
         if not self.overlap and not last:
             self._generate(run)
         tokens = sum(b.value["tokens"] for b in batches)
@@ -166,7 +145,6 @@ class GRPOJob(Job):
             "tokens_per_s": round(tokens / max(engine_s, 1e-9), 1),  # the engines' own clock
             "pause_fraction": round(run.sync_s["pause_s"] / max(train_s, 1e-9), 5),
             "switch_s": round(switch_s, 5),
-            "logprob_mismatch": self.mismatch,
         } | learned
 
     def _learn(self, run: Run, batches: list[Batch]) -> dict[str, Any]:
@@ -180,38 +158,12 @@ class GRPOJob(Job):
             run.updated([])
             return {}
         completions = [c for batch in fresh for c in batch.value["completions"]]
-        rewards = run.retried(lambda: self._score(completions))
+        rewards = run.retried(lambda: self.reward.score.split(completions).wait())  # split among them
         metrics = run.on_trainer(lambda: run.trainer.role("actor").update(completions, rewards).wait()[0])
-        self.state.tokens += sum(b.value["tokens"] for b in fresh)
-        version = int(metrics.pop("weight_version"))
-        run.stage(version)  # and the trainer's log-probs of the probe under it
-        policy, probe = run.trainer, self.probe
-        assert probe is not None
-        run.on_trainer(
-            lambda: probe.expect(version, lambda s: policy.execute_on(0).probe_logprobs(s).wait()[0])
-        )
+        run.stage(int(metrics.pop("weight_version")))  # and the trainer's log-probs of the probe under it
         run.updated([b.id for b in fresh])
         learned = {key: round(value, 5) for key, value in metrics.items()}
         return learned | {"reward_mean": round(sum(rewards) / len(rewards), 4)}
-
-    def _score(self, completions: list[Any]) -> list[float]:
-        """The reward workers score the completions, split evenly among them."""
-        ranks = self.reward.ranks
-        shares = [completions[i :: len(ranks)] for i in range(len(ranks))]
-        scored = self.reward.call(RewardWorker.score, ranks, per_rank=[(share,) for share in shares]).wait()
-        rewards = [0.0] * len(completions)
-        for i, values in enumerate(scored):
-            rewards[i :: len(ranks)] = values
-        return rewards
-
-    def _commit(self, run: Run) -> None:
-        """The staged version into the engines, then what they compute checked against the trainer."""
-        version, probe = run.commit(), self.probe
-        if version is not None and probe is not None:
-            self.mismatch = run.retried(lambda: probe.check(version, self.rollout))
-
-    def trainer_state(self, run: Run) -> bytes:
-        return bytes(run.on_trainer(lambda: run.trainer.role("actor").checkpoint().wait()[0]))
 
     def line(self, record: dict[str, Any]) -> str:
         accuracy = "" if record["accuracy"] is None else f" | held-out {record['accuracy']:.3f}"
@@ -221,22 +173,17 @@ class GRPOJob(Job):
         )
 
     def outcome(self, result: RunResult) -> dict[str, Any]:
-        state = self.state
         return {
             "relation": result.relations.get("actor-rollout", ""),
-            "warm_accuracy": state.warm_accuracy,
-            "accuracy": state.accuracy,
+            "warm_accuracy": self.state.warm_accuracy,
+            "accuracy": self.state.accuracy,
             "target_gain": self.algo.target_gain,
             "curve": self.curve([]),
         }
 
     def report(self, result: RunResult) -> list[str]:
-        warm, accuracy = self.state.warm_accuracy, self.state.accuracy
-        return [f"held-out exact match {_num(warm)} (warm-up) → {_num(accuracy)}"]
-
-
-def _num(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
+        shown = ["—" if a is None else f"{a:.3f}" for a in (self.state.warm_accuracy, self.state.accuracy)]
+        return [f"held-out exact match {shown[0]} (warm-up) → {shown[1]}"]
 
 
 def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
@@ -251,4 +198,4 @@ def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
 
 def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
     """What ``rlinfra run`` calls: run, report, the exit status."""
-    return job_main(run, cfg, resume=resume, usage_errors=(ModelLoadError,))
+    return job_main(run, cfg, resume=resume, usage_errors=(ModelLoadError, VLLMSettingsError))

@@ -18,7 +18,6 @@ In the colocated layout the actor and the engine share devices and take turns
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import threading
 import time
@@ -150,6 +149,9 @@ class Policy(WeightSender, TimeShared, fuse(actor=ActorRole, ref=RefRole)):  # t
     def probe_logprobs(self, sequences: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
         return self._actor().probe_logprobs(sequences)
 
+    def checkpoint(self) -> bytes:
+        return self._actor().checkpoint()
+
     def sleep(self) -> None:
         self._actor().sleep()
 
@@ -229,7 +231,3 @@ class RolloutWorker(EngineReceiver, TimeShared):
     @property
     def device(self) -> str:
         return _device(self)
-
-
-def algo_dict(config: GRPOConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)

@@ -64,7 +64,7 @@ class PPOJob(Job):
             "rollout", RolloutWorker.create_group(algo, obs_dim, actions), max_concurrency=2
         )
         run.connect_weights(
-            self.rollout, lambda actor: actor.execute_on(0).export_weights().wait()[0], version
+            self.rollout, version, lambda actor: actor.execute_on(0).export_weights().wait()[0]
         )
         self._connect(self.env.ranks)
         # PPO can go on with fewer rollout workers (the env workers share the rest), not fewer envs.
@@ -133,8 +133,7 @@ class PPOJob(Job):
             metrics: dict[str, Any] = run.on_trainer(lambda refs=refs: run.trainer.train(refs).wait()[0])
             if "lost" not in metrics:
                 return metrics
-            run.lost([rollouts[index] for index in metrics["lost"]])
-            run.replace_dead()
+            run.lost([rollouts[index] for index in metrics["lost"]])  # and their dead makers replaced
             rollouts = [b for index, b in enumerate(rollouts) if index not in set(metrics["lost"])]
         return None
 

@@ -8,21 +8,19 @@ launch, supervision, weight versions, checkpoints and ``--resume``, metrics, Ctr
 report. It imports Ray: a job's driver needs it anyway.
 """
 
-from rlinfra.cli.module_entry import compose_config, run_module
 from rlinfra.driver.entry import job_main, plot_curve
 from rlinfra.driver.job import Batch, Job, RunResult
-from rlinfra.driver.job_config import JobConfigError, check_sections, parse_section, require
+from rlinfra.driver.job_config import JobConfigError, check_sections, parse_config, parse_section
 from rlinfra.driver.metrics import read_events, read_metrics
+from rlinfra.driver.module_entry import compose_config, run_module
 from rlinfra.driver.run import Run
 from rlinfra.driver.settings import RunSettings
 from rlinfra.driver.state import RunState
-from rlinfra.services.weights.probe import LogprobProbe
 
 __all__ = [
     "Batch",
     "Job",
     "JobConfigError",
-    "LogprobProbe",
     "Run",
     "RunResult",
     "RunSettings",
@@ -30,10 +28,10 @@ __all__ = [
     "check_sections",
     "compose_config",
     "job_main",
+    "parse_config",
     "parse_section",
     "plot_curve",
     "read_events",
     "read_metrics",
-    "require",
     "run_module",
 ]

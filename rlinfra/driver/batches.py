@@ -10,8 +10,8 @@ in exactly one way:
     rolled back  trained on, but the update was lost with the trainer (restarted from a checkpoint
                taken before it); its iteration is redone with new batches
 
-``check()`` raises ``BatchLedgerError`` on any duplicate or on an id that is trained after it was
-lost, and ``open_ids`` lists what has not ended yet; at the end of a run it is empty.
+A second ending (a duplicate, or an id trained after it was lost) raises ``BatchLedgerError`` at
+once, and ``open_ids`` lists what has not ended yet; at the end of a run it is empty.
 """
 
 from __future__ import annotations
@@ -81,14 +81,6 @@ class BatchLedger:
         """Issued ids that have not ended (in flight now; none once the run has drained)."""
         return [batch_id for batch_id in self.issued if batch_id not in self.ended]
 
-    def check(self) -> None:
-        """Raise unless every id is known and none ended twice."""
-        unknown = sorted(set(self.ended) - set(self.issued))
-        if unknown:
-            raise BatchLedgerError(f"batches ended that were never issued: {unknown[:8]}")
-        if self.duplicates:
-            raise BatchLedgerError(f"duplicated batches: {self.duplicates[:8]}")
-
     def summary(self) -> dict[str, Any]:
         """Counts for the run's summary: issued, each ending, still open and duplicated."""
         counts = Counter(self.ended.values())
@@ -101,6 +93,3 @@ class BatchLedger:
             "open": len(self.open_ids),
             "duplicated": len(self.duplicates),
         }
-
-
-__all__ = ["DROPPED", "LOST", "ROLLED_BACK", "TRAINED", "BatchLedger", "BatchLedgerError"]

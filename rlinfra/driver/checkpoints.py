@@ -61,10 +61,7 @@ class CheckpointStore:
 
     def __init__(self, folder: Path) -> None:
         self.root = Path(folder) / FOLDER
-
-    @property
-    def latest_path(self) -> Path:
-        return self.root / LATEST
+        self.latest_path = self.root / LATEST
 
     def save(self, step: int, payloads: Mapping[str, bytes], state: Mapping[str, Any]) -> Path:
         """Write step ``step``: each payload (``name`` → bytes) and the driver's ``state`` (must be
@@ -80,14 +77,11 @@ class CheckpointStore:
             files[name] = {"path": f"{step_dir.name}/{name}.pt", "sha256": hashlib.sha256(data).hexdigest()}
         latest = {"format": FORMAT, "step": step, "files": files, "state": json.loads(state_json)}
         _write_atomically(self.latest_path, json.dumps(latest, indent=1).encode())
-        self._prune(keep=step_dir.name)
-        return self.latest_path
-
-    def _prune(self, keep: str) -> None:
         steps = sorted(p for p in self.root.glob("step-*") if p.is_dir())
-        for old in steps[:-KEEP]:
-            if old.name != keep:
+        for old in steps[:-KEEP]:  # only now: the previous checkpoint stays whole until this one is
+            if old != step_dir:
                 shutil.rmtree(old, ignore_errors=True)
+        return self.latest_path
 
     def load_latest(self) -> Checkpoint | None:
         """The last committed checkpoint, checked; None when there is none. A pickle that older
@@ -116,6 +110,3 @@ class CheckpointStore:
                 raise CheckpointError(f"checkpoint step {latest['step']}: {path} does not match its sha256")
             payloads[name] = data
         return Checkpoint(int(latest["step"]), dict(latest["state"]), payloads, self.latest_path)
-
-
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore"]

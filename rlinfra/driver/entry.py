@@ -73,16 +73,11 @@ def job_main(
 
 
 def plot_curve(
-    points: Sequence[Mapping[str, Any]],
-    path: Path,
-    y: tuple[str, str],
-    xs: Sequence[tuple[str, str]],
-    target: tuple[float, str],
-    title: str,
+    points: Sequence[Mapping[str, Any]], path: Path, key: str, target: float, title: str, unit: str
 ) -> Path | None:
-    """``y = (key, label)`` against each ``xs`` key (one panel each), with a dashed target line
-    (``(value, label)``), as a PNG at ``path``; None when no point has a ``y``."""
-    drawn = [point for point in points if point.get(y[0]) is not None]
+    """``key`` against the ``iteration`` (called ``unit``) and ``time_s`` of each point, one panel
+    each, with a dashed line at ``target``, as a PNG at ``path``; None when no point has a ``key``."""
+    drawn = [point for point in points if point.get(key) is not None]
     if not drawn:
         return None
     import matplotlib
@@ -90,14 +85,12 @@ def plot_curve(
     matplotlib.use("Agg")  # files only: no display on a cluster or in CI
     from matplotlib import pyplot as plt
 
-    figure, panels = plt.subplots(
-        1, len(xs), figsize=(5 * len(xs), 4), constrained_layout=True, squeeze=False
-    )
-    for axes, (key, label) in zip(panels[0], xs, strict=True):
-        axes.plot([p[key] for p in drawn], [p[y[0]] for p in drawn], marker=".", linewidth=1.5)
-        axes.axhline(target[0], color="tab:green", linestyle="--", linewidth=1, label=target[1])
-        axes.set_xlabel(label)
-        axes.set_ylabel(y[1])
+    xs = (("iteration", f"{unit}s"), ("time_s", "training seconds"))
+    figure, panels = plt.subplots(1, len(xs), figsize=(5 * len(xs), 4), constrained_layout=True)
+    for axes, (x, label) in zip(panels, xs, strict=True):
+        axes.plot([p[x] for p in drawn], [p[key] for p in drawn], marker=".", linewidth=1.5)
+        axes.axhline(target, color="tab:green", linestyle="--", linewidth=1, label="target")
+        axes.set(xlabel=label, ylabel=key.replace("_", " "))
         axes.grid(alpha=0.3)
         axes.legend(loc="lower right")
     figure.suptitle(title)

@@ -1,10 +1,10 @@
 """The report a run leaves when it cannot go on: what failed, where and when, what was tried, what
 is safe (the last committed weight version and checkpoint) and how to resume.
 
-``FailureReport.of(error, ...)`` reads the failed ranks out of any of rlinfra's errors (a group
+``FailureReport.of_run(error, ...)`` reads the failed ranks out of any of rlinfra's errors (a group
 call's ``WorkerGroupError``, a ``WeightSyncError`` around one, a ``SupervisionError`` that refused
-a replacement, an ``UnsupervisedLoss``); ``render`` is what the CLI prints, ``write`` the JSON
-kept in the output folder beside the metrics and checkpoints.
+a replacement, an ``UnsupervisedLoss``), keeps the JSON in the output folder beside the metrics
+and checkpoints, and attaches ``render()`` to the error as the note the CLI prints under it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinfra.driver.batches import BatchLedger
 from rlinfra.driver.checkpoints import CheckpointStore
-from rlinfra.driver.supervisor import Supervisor, UnsupervisedLoss
+from rlinfra.driver.supervisor import UnsupervisedLoss
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.supervision import Restart, SupervisionError
-from rlinfra.services.weights import WeightSync, WeightSyncError
+from rlinfra.services.weights import WeightSyncError
 
 REPORT_FILE = "failure.json"
 
@@ -65,63 +64,35 @@ class FailureReport:
     details: dict[str, Any] = field(default_factory=dict)  # e.g. the batch ledger's counts
 
     @classmethod
-    def of(
-        cls,
-        error: BaseException,
-        attempts: Sequence[Restart] = (),
-        committed_version: int | None = None,
-        checkpoint: dict[str, Any] | None = None,
-        resume: str = "",
-        details: dict[str, Any] | None = None,
-    ) -> FailureReport:
-        first_line = str(error).splitlines()[0] if str(error) else ""
-        return cls(
-            f"{type(error).__name__}: {first_line}",
-            time.time(),
-            failed_ranks(error),
-            sorted(attempts, key=lambda attempt: attempt.at),
-            committed_version,
-            checkpoint,
-            resume,
-            dict(details or {}),
-        )
-
-    @classmethod
     def of_run(
         cls,
         error: BaseException,
         output_dir: Path,
-        supervisor: Supervisor,
-        trainer_restarts: Sequence[Restart],
-        sync: WeightSync | None,
-        ledger: BatchLedger,
+        attempts: Sequence[Restart],
+        committed_version: int | None,
+        batches: dict[str, Any],
     ) -> FailureReport:
         """The report of a launched run that failed, written as ``failure.json`` in ``output_dir``
-        and attached to ``error`` as a note (what the CLI prints under the error). The run keeps
-        its checkpoints there (a ``CheckpointStore``) and resumes with ``--resume``; what was
-        tried is every replacement and trainer restart."""
-        saved = CheckpointStore(output_dir).load_latest()
-        checkpoint = {"iteration": saved.step, "path": str(saved.path)} if saved is not None else None
-        resume = (
-            f"the same command with --resume (continues from {saved.path})"
-            if saved is not None
-            else "the same command, without --resume (no checkpoint was written)"
+        and attached to ``error`` as a note. ``attempts``: every replacement and trainer restart;
+        ``batches``: the ledger's counts. The run keeps its checkpoints in ``output_dir`` (a
+        ``CheckpointStore``) and resumes with ``--resume``."""
+        saved, headline = CheckpointStore(output_dir).load_latest(), str(error).partition("\n")[0]
+        report = cls(
+            error=f"{type(error).__name__}: {headline}",
+            at=time.time(),
+            failed=failed_ranks(error),
+            attempts=sorted(attempts, key=lambda attempt: attempt.at),
+            committed_version=committed_version,
+            resume="the same command, without --resume (no checkpoint was written)",
+            details={"batches": batches},
         )
-        attempts = [*supervisor.restarts, *trainer_restarts]
-        version = sync.version if sync is not None else None
-        report = cls.of(error, attempts, version, checkpoint, resume, {"batches": ledger.summary()})
-        report.write(output_dir)
+        if saved is not None:
+            report.checkpoint = {"iteration": saved.step, "path": str(saved.path)}
+            report.resume = f"the same command with --resume (continues from {saved.path})"
+        text = json.dumps(asdict(report), indent=1, default=str)
+        (output_dir / REPORT_FILE).write_text(text, encoding="utf-8")  # beside the metrics the run made
         _add_note(error, report.render())
         return report
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def write(self, folder: Path) -> Path:
-        path = Path(folder) / REPORT_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, default=str), encoding="utf-8")
-        return path
 
     def render(self) -> str:
         """The report as lines for a terminal."""
@@ -129,7 +100,7 @@ class FailureReport:
         lines = [f"the run stopped at {when}: {self.error}"]
         for rank in self.failed:
             where = f"node {rank.node_rank}" if rank.node_rank is not None else "unknown node"
-            reason = rank.reason.splitlines()[0] if rank.reason else ""
+            reason = rank.reason.partition("\n")[0]
             lines.append(f"  {rank.component}:{rank.rank} ({where}) {rank.kind}: {reason}")
         lines.append(f"what was tried: {len(self.attempts) or 'nothing'}")
         for attempt in self.attempts:
@@ -139,11 +110,9 @@ class FailureReport:
             lines.append(f"  {stamp} {who} {attempt.outcome} in {attempt.took_s:.1f} s{detail}")
         if self.committed_version is not None:
             lines.append(f"last committed weight version: {self.committed_version}")
-        if self.checkpoint is not None:
-            saved = self.checkpoint
-            lines.append(f"last checkpoint: iteration {saved['iteration']} at {saved['path']}")
-        else:
-            lines.append("last checkpoint: none")
+        saved = self.checkpoint
+        last = f"iteration {saved['iteration']} at {saved['path']}" if saved is not None else "none"
+        lines.append(f"last checkpoint: {last}")
         if self.resume:
             lines.append(f"to resume: {self.resume}")
         return "\n".join(lines)
@@ -155,6 +124,3 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
     else:
         error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
-
-
-__all__ = ["REPORT_FILE", "FailedRank", "FailureReport", "failed_ranks"]

@@ -124,14 +124,6 @@ class RunResult:
         """How every batch id of this run ended; none open, none duplicated."""
         return self.job.state.ledger.summary()
 
-    @property
-    def served_versions(self) -> list[int]:
-        return list(self.job.state.served_versions)
-
-    @property
-    def batch_versions(self) -> list[list[int]]:
-        return list(self.job.state.batch_versions)
-
     def summary(self) -> dict[str, Any]:
         """What ``summary.json`` keeps."""
         state = self.job.state

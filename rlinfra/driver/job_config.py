@@ -3,22 +3,37 @@
 Each section is an OmegaConf structured config over a frozen dataclass: OmegaConf checks every
 key against the dataclass and every value against the field's type; this module turns its errors
 into one ``JobConfigError`` per mistake, named by key (with the nearest valid key for a typo), and
-offers ``require`` for the ranges a type cannot say. ``cluster`` is rlinfra's own section (parsed
-by ``Cluster`` and ``ComponentPlacement``); ``check_sections`` refuses every top-level key a job
-does not read, so nothing a user writes is ignored.
+checks the ranges a type cannot say, declared as plain field metadata (so a config dataclass
+need not import rlinfra):
+
+    updates: int = field(default=400, metadata={"at_least": 1})
+    transport: str = field(default="object_store", metadata={"one_of": (...), "why": "..."})
+
+``RANGES`` names the rules; ``why`` is said after what was expected. ``parse_config`` parses a
+dataclass of sections at once. ``cluster`` (parsed by ``Cluster`` and ``ComponentPlacement``) and
+``name`` (the run's, in the curve's title) are rlinfra's; every other top-level key is refused, so
+nothing a user writes is ignored.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from rlinfra.placement.config_access import did_you_mean, to_plain
+
+T = TypeVar("T")
+RANGES = {  # field metadata key -> (whether a value meets the bound, what was expected)
+    "at_least": (operator.ge, "at least {}"),
+    "above": (operator.gt, "above {}"),
+    "one_of": (lambda value, options: value in options, "one of {}"),
+}
 
 
 class JobConfigError(ValueError):
@@ -32,10 +47,19 @@ def check_sections(cfg: Mapping[str, Any], sections: Sequence[str]) -> None:
         raise unknown_key(unknown[0], unknown[0], "section", sections)
 
 
+def parse_config(schema: type[T], cfg: Mapping[str, Any]) -> T:
+    """``cfg`` as ``schema``: a dataclass with one field per section, each a dataclass parsed by
+    ``parse_section``; a top-level key that is none of them (nor ``cluster``, ``name``) is refused."""
+    sections = [spec.name for spec in dataclasses.fields(schema)]  # type: ignore[arg-type]
+    check_sections(cfg, ("cluster", "name", *sections))
+    hints = typing.get_type_hints(schema)
+    return schema(**{section: parse_section(hints[section], cfg, section) for section in sections})
+
+
 def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
     """Section ``name`` merged over ``schema``'s defaults (an absent or empty section is all
     defaults), by OmegaConf's type rules: ``"5"`` is a fine int, ``1.5`` is not; a switch must be
-    ``true`` or ``false`` (OmegaConf would read ``2`` or ``"yes"`` as true)."""
+    ``true`` or ``false`` (OmegaConf would read ``2`` or ``"yes"`` as true); then each field's range."""
     section = to_plain(cfg.get(name)) or {}
     if not isinstance(section, Mapping):
         raise JobConfigError(f"{name}: expected a mapping, got {section!r}")
@@ -46,16 +70,26 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
     base = OmegaConf.structured(schema)
     OmegaConf.set_readonly(base, False)  # a frozen dataclass gives a read-only config: nothing merges
     try:
-        return OmegaConf.to_object(OmegaConf.merge(base, section))
+        record = OmegaConf.to_object(OmegaConf.merge(base, section))
     except ConfigKeyError as error:
         fields = [f.name for f in dataclasses.fields(schema)]
         raise unknown_key(f"{name}.{error.key}", str(error.key), "key", fields) from None
     except ValidationError as error:
-        expected = hints[str(error.key)]
-        name_of = getattr(expected, "__name__", str(expected))
+        wanted = hints[str(error.key)]
+        name_of = getattr(wanted, "__name__", str(wanted))
         raise JobConfigError(
             f"{name}.{error.key}: expected {name_of}, got {to_plain(error.value)!r}"
         ) from None
+    for spec in dataclasses.fields(schema):
+        for rule in RANGES.keys() & spec.metadata.keys():
+            meets, expected = RANGES[rule]
+            value, bound, why = getattr(record, spec.name), spec.metadata[rule], spec.metadata.get("why")
+            if not meets(value, bound):
+                because = f" ({why})" if why else ""
+                raise JobConfigError(
+                    f"{name}.{spec.name}: got {value!r}; expected {expected.format(bound)}{because}"
+                )
+    return record
 
 
 def unknown_key(where: str, key: str, kind: str, allowed: Sequence[str]) -> JobConfigError:
@@ -63,12 +97,3 @@ def unknown_key(where: str, key: str, kind: str, allowed: Sequence[str]) -> JobC
     hint = did_you_mean(key, allowed)
     hint = f"{hint} " if hint else ""
     return JobConfigError(f"{where}: unknown {kind}; {hint}expected one of {', '.join(allowed)}")
-
-
-def require(ok: bool, key: str, value: Any, expected: str) -> None:
-    """Raise ``JobConfigError`` naming ``key``, the value and what was expected, unless ``ok``."""
-    if not ok:
-        raise JobConfigError(f"{key}: got {value!r}; expected {expected}")
-
-
-__all__ = ["JobConfigError", "check_sections", "parse_section", "require", "unknown_key"]

@@ -20,17 +20,17 @@ from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+STEP = "iteration"  # the record key TensorBoard's x axis is
 
 
 class MetricsLog:
     """Appends one record per step to ``folder/metrics.jsonl`` and, with ``tensorboard``, each of
-    its finite numbers as a scalar (tag = key, x = the record's ``step_key``) to
+    its finite numbers as a scalar (tag = key, x = the record's ``iteration``) to
     ``folder/tensorboard``. ``resume`` continues both instead of starting them again."""
 
-    def __init__(self, folder: Path, resume: bool, *, step_key: str = "iteration", tensorboard: bool = True):
+    def __init__(self, folder: Path, resume: bool, *, tensorboard: bool = True):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / METRICS_FILE
-        self.step_key = step_key
         self.tensorboard_dir = folder / TENSORBOARD_DIR if tensorboard else None
         if not resume and self.tensorboard_dir is not None:
             for old in self.tensorboard_dir.glob("events.out.tfevents.*"):
@@ -38,16 +38,16 @@ class MetricsLog:
         self._file = self.path.open("a" if resume else "w", encoding="utf-8")
         last = read_metrics(folder)[-1:] if resume else []
         self._events = len(read_events(folder)) if resume else 0
-        self._board = self._open_board(purge_after=last[0].get(step_key) if last else None)
+        self._board = self._open_board(purge_after=last[0].get(STEP) if last else None)
 
     def write(self, record: Mapping[str, Any]) -> None:
         finite = _finite(record)
         self._file.write(json.dumps(finite) + "\n")
         self._file.flush()
         if self._board is not None:
-            step = int(finite[self.step_key])
+            step = int(finite[STEP])
             for key, value in finite.items():
-                if key != self.step_key and isinstance(value, int | float) and not isinstance(value, bool):
+                if key != STEP and isinstance(value, int | float) and not isinstance(value, bool):
                     self._board.add_scalar(key, value, global_step=step)
             self._board.flush()
 
@@ -59,7 +59,7 @@ class MetricsLog:
         self._file.flush()
         self._events += 1
         if self._board is not None:
-            step = int(event.get(self.step_key) or 0)
+            step = int(event.get(STEP) or 0)
             self._board.add_text("events", json.dumps(dict(event)), global_step=step)
             self._board.add_scalar("events", self._events, global_step=step)
             self._board.flush()
@@ -68,7 +68,7 @@ class MetricsLog:
         """Forget every record after ``step`` (the trainer was restarted from that checkpoint and
         redoes them): both files keep each step once."""
         self._file.close()
-        kept = [r for r in _read_lines(self.path.parent) if "event" in r or r[self.step_key] <= step]
+        kept = [r for r in _read_lines(self.path.parent) if "event" in r or r[STEP] <= step]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         self._file = self.path.open("a", encoding="utf-8")
         if self._board is not None:
@@ -112,21 +112,6 @@ def _read_lines(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def read_tensorboard(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in ``folder/tensorboard``, as TensorBoard would show it: tag -> [(step, value)]
-    in step order, purged steps gone. (For tests and scripts; TensorBoard itself reads the files.)"""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(folder / TENSORBOARD_DIR), size_guidance={"scalars": 0})
-    events.Reload()
-    return {
-        tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]
-    }
-
-
 def _finite(record: Mapping[str, Any]) -> dict[str, Any]:
     """JSON has no NaN: a value not yet defined (a mean over no episodes) is written as null."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-
-
-__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "read_events", "read_metrics", "read_tensorboard"]

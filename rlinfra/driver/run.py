@@ -47,11 +47,14 @@ from rlinfra.runtime.rendezvous import bring_up
 from rlinfra.runtime.supervision import Restart, RestartBudget
 from rlinfra.runtime.timesharing import TimeSharing
 from rlinfra.services.weights import WeightSync
+from rlinfra.services.weights.probe import LogprobProbe, Sequences
+from rlinfra.views.node_view import node_loads
+from rlinfra.views.plan_view import render_plan
 
 from .entry import plot_curve
 from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult
 from .job_config import JobConfigError
-from .supervised import SupervisedSteps, TrainerRestarter
+from .supervised import StartTrainer, SupervisedSteps, TrainerRestarter
 
 PLACEMENT_FILE = "placement.json"
 CURVE_FILE = "curve.png"
@@ -68,8 +71,9 @@ class Pending:
     call: GroupCall
 
 
-class Run:
-    """One run of ``job`` on the config ``cfg`` (its ``cluster`` section is rlinfra's).
+class Run(SupervisedSteps):
+    """One run of ``job`` on the config ``cfg`` (its ``cluster`` section is rlinfra's); the calls
+    that ride out faults (``retried``, ``on_trainer``, ``heal``) are ``SupervisedSteps``'.
     ``cluster``: an existing cluster to use and leave running; ``on_iteration`` sees each record
     as it is written; ``between_batches(run)`` runs at an iteration's first ``commit``, when no
     batch is in flight (elastic scaling: ``run.resize``); ``resume`` continues from the last checkpoint in
@@ -87,9 +91,8 @@ class Run:
         between_batches: Callable[[Run], None] | None = None,
     ) -> None:
         self.job, self.cfg, self.settings, self.state = job, cfg, job.settings, job.state
-        self.between_batches = between_batches
         self.console = console or Console()
-        self.on_iteration = on_iteration
+        self.between_batches, self.on_iteration = between_batches, on_iteration
         self.output = Path(job.settings.output_dir)
         self.store = CheckpointStore(self.output)
         saved = self.store.load_latest() if resume else None
@@ -97,11 +100,14 @@ class Run:
             raise FileNotFoundError(
                 f"--resume: no checkpoint in {self.output / 'checkpoints'}; run once without --resume first"
             )
-        self.trainer_checkpoint = saved.payloads[job.trainer_payload] if saved is not None else None
-        self._last_checkpoint = (self.trainer_checkpoint, saved.state) if saved is not None else None
+        # The trainer's payload and the driver's state a restart goes back to (none: the start).
+        self._last_checkpoint: tuple[bytes | None, dict[str, Any] | None] = (None, None)
         if saved is not None:
+            self._last_checkpoint = (saved.payloads[job.trainer_payload], saved.state)
             self.state.load(saved.state)
-        self.resume = resume
+        self.log = MetricsLog(self.output, resume=resume, tensorboard=self.settings.tensorboard)
+        if resume:
+            self.log.rewind(self.state.iteration)  # iterations logged after the checkpoint are redone
         self._given_cluster = cluster
         self.cluster: Cluster = cluster  # type: ignore[assignment]  # set in execute before any use
         self.placement: ComponentPlacement
@@ -109,19 +115,19 @@ class Run:
         self.trainer: WorkerGroup = None  # type: ignore[assignment]  # start_trainer sets it
         self.sync: WeightSync | None = None
         self.supervisor: Supervisor | None = None
+        self.recoveries = self.state.recoveries
         self.turns: TimeSharing | None = None
         self.staged_version: int | None = None  # trained and staged on the receivers, not yet served
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}  # the last stage and commit
+        self._probe: LogprobProbe | None = None
+        self.logprob_mismatch: float | None = None  # the probe's, at the last committed version
         self._groups: list[WorkerGroup] = []
         self._in_flight: list[Pending] = []
-        self._trainer_factory: Callable[[], WorkerGroup] | None = None
-        self._trainer_name, self._trainer_backend = "actor", "gloo"
+        self._start_trainer: StartTrainer | None = None
         self._awake: str | None = None
-        self._steps: SupervisedSteps | None = None
         self._restarter: TrainerRestarter | None = None
         self._updated = self._between_done = False
         self._freshness: dict[str, int] = {}  # the last ``fresh`` call's, for the record
-        self.log: MetricsLog | None = None
 
     # ----------------------------------------------------------------------------- the life
     def execute(self) -> RunResult:
@@ -129,9 +135,6 @@ class Run:
         started = time.perf_counter()
         job, state = self.job, self.state
         result = RunResult(job, self.output, resumed_from=state.iteration)
-        self.log = MetricsLog(self.output, resume=self.resume, tensorboard=self.settings.tensorboard)
-        if self.resume:
-            self.log.rewind(state.iteration)  # iterations logged after the checkpoint are redone
         try:
             self.cluster = self._given_cluster or Cluster(self.cfg["cluster"])
             self.placement = ComponentPlacement(self.cfg, self.cluster)
@@ -149,8 +152,9 @@ class Run:
             result.outcome = FAILED
             self._end_open_batches()
             if self.supervisor is not None:  # launched: the run failed, report it
-                restarts = state.trainer_restarts
-                FailureReport.of_run(error, self.output, self.supervisor, restarts, self.sync, state.ledger)
+                attempts = [*self.supervisor.restarts, *state.trainer_restarts]
+                version = self.sync.version if self.sync is not None else None
+                FailureReport.of_run(error, self.output, attempts, version, state.ledger.summary())
             raise
         finally:
             with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
@@ -159,9 +163,8 @@ class Run:
                 self._release(result)
                 self._measure_target(result)
                 result.wall_s = time.perf_counter() - started
-                (self.output / SUMMARY_FILE).write_text(
-                    json.dumps(result.summary(), indent=1), encoding="utf-8"
-                )
+                summary = json.dumps(result.summary(), indent=1)
+                (self.output / SUMMARY_FILE).write_text(summary, encoding="utf-8")
         return result
 
     def _measure_target(self, result: RunResult) -> None:
@@ -174,11 +177,7 @@ class Run:
         result.time_to_target_s = next((p["time_s"] for p in points if p[key] >= target), None)
         if self.settings.plot:
             title = f"{self.job.title}: {self.cfg.get('name') or self.output.name}"
-            xs = (("iteration", f"{self.job.unit}s"), ("time_s", "training seconds"))
-            label = key.replace("_", " ")
-            result.plot = plot_curve(
-                points, self.output / CURVE_FILE, (key, label), xs, (target, "target"), title
-            )
+            result.plot = plot_curve(points, self.output / CURVE_FILE, key, target, title, self.job.unit)
 
     def _reserve(self, result: RunResult) -> None:
         missing = [name for name in self.job.components if name not in self.placement.components]
@@ -189,22 +188,15 @@ class Run:
                 where="cluster.component_placement",
             )
         with self.console.status("reserving the layout"):
-            self.layout = Layout(self.cluster, self.placement, self.job.components)
-        self._show_plan()
-        pairs = zip(self.job.components, self.job.components[1:], strict=False)
-        result.relations = {f"{a}-{b}": self.layout.plan.relation(a, b) for a, b in pairs}
-
-    def _show_plan(self) -> None:
-        """The same tables, map and layout as ``rlinfra plan``, for the live cluster and the
-        placement group just reserved, before any worker starts."""
-        from rlinfra.cli.node_view import node_loads
-        from rlinfra.cli.plan_view import render_plan
-
-        assert self.layout is not None
+            self.layout = layout = Layout(self.cluster, self.placement, self.job.components)
+        # The same tables, map and layout as ``rlinfra plan``, for the live cluster and the
+        # placement group just reserved, before any worker starts.
         cpus = [int(node.resources.get("CPU", 0)) for node in self.cluster.nodes]
-        loads = node_loads(self.layout.plan, self.cluster.spec.num_nodes, cpus)
-        render_plan(self.console, self.cluster.spec, self.placement, self.layout.plan, loads, show_all=False)
+        loads = node_loads(layout.plan, self.cluster.spec.num_nodes, cpus)
+        render_plan(self.console, self.cluster.spec, self.placement, layout.plan, loads, show_all=False)
         self.console.print()
+        pairs = zip(self.job.components, self.job.components[1:], strict=False)
+        result.relations = {f"{a}-{b}": layout.plan.relation(a, b) for a, b in pairs}
 
     def _write_placement(self, result: RunResult) -> None:
         assert self.layout is not None
@@ -236,7 +228,6 @@ class Run:
                 if not self._updated:
                     raise RuntimeError(f"{type(job).__name__}.step returned without run.updated()")
                 record = self._standard_record() | record
-                assert self.log is not None
                 self.log.write(record)
                 show(record)
                 if self.on_iteration is not None:
@@ -250,12 +241,14 @@ class Run:
     def _standard_record(self) -> dict[str, Any]:
         """What every iteration's record has: progress, versions, the weight barrier's times, and
         the batches' versions (from ``fresh``)."""
-        record = {
+        record: dict[str, Any] = {
             "iteration": self.state.iteration,
             "time_s": round(self.state.training_s, 3),
             "learner_version": self.learner_version,
             "served_version": self.served_version,
         } | {key: round(value, 5) for key, value in self.sync_s.items()}
+        if self._probe is not None:
+            record["logprob_mismatch"] = self.logprob_mismatch
         return record | self._freshness
 
     def _reached(self, record: dict[str, Any]) -> bool:
@@ -265,15 +258,10 @@ class Run:
     @contextlib.contextmanager
     def _display(self) -> Iterator[Callable[[dict[str, Any]], None]]:
         """A progress bar (on a terminal only: in CI the lines say it all) and the job's lines."""
-        columns = (
-            TextColumn(f"[bold]{self.job.title}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-        )
         console = self.console
-        with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as bar:
+        title, status = TextColumn(f"[bold]{self.job.title}"), TextColumn("{task.fields[status]}")
+        columns = (title, BarColumn(), MofNCompleteColumn(), status, TimeElapsedColumn())
+        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
             task = bar.add_task("train", total=self.job.total, completed=self.state.iteration, status="")
 
             def show(record: dict[str, Any]) -> None:
@@ -326,27 +314,28 @@ class Run:
         """Launch the trainer group ``make()`` as ``name``, bring up its process group and call its
         ``setup(checkpoint, publish_above)`` (restored from the resumed checkpoint, if any); the
         same again, into the same bundles, when it is restarted. Returns its weight version."""
-        self._trainer_factory, self._trainer_name, self._trainer_backend = make, name, backend
-        return self._start_trainer(self.trainer_checkpoint, None)[1]
 
-    def _start_trainer(self, checkpoint: bytes | None, publish_above: int | None) -> tuple[WorkerGroup, int]:
-        assert self._trainer_factory is not None
-        if self.trainer is not None:
-            self._groups.remove(self.trainer)
-        self.trainer = self.launch(self._trainer_name, self._trainer_factory())
-        bring_up(self.trainer, backend=self._trainer_backend)
-        version = int(self.trainer.setup(checkpoint, publish_above).wait()[0])
-        if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
-            self.turns.rejoin(self.trainer)
-        return self.trainer, version
+        def start(checkpoint: bytes | None, publish_above: int | None) -> tuple[WorkerGroup, int]:
+            if self.trainer is not None:
+                self._groups.remove(self.trainer)
+            self.trainer = self.launch(name, make())
+            bring_up(self.trainer, backend=backend)
+            version = int(self.trainer.setup(checkpoint, publish_above).wait()[0])
+            if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
+                self.turns.rejoin(self.trainer)
+            return self.trainer, version
+
+        self._start_trainer = start
+        return start(self._last_checkpoint[0], None)[1]
 
     def connect_weights(
-        self, receivers: WorkerGroup, first: Callable[[WorkerGroup], Any], version: int
+        self, receivers: WorkerGroup, version: int, first: Callable[[WorkerGroup], Any] | None = None
     ) -> None:
         """The weight barrier from the trainer to ``receivers``: each gets ``first(trainer)`` (the
-        trainer's weights at ``version``) through its ``set_initial_weights``; every later version
-        goes through ``stage`` and ``commit``."""
-        receivers.set_initial_weights(first(self.trainer), version).wait()
+        trainer's weights at ``version``; default: rank 0's ``weights_state()``) through its
+        ``set_initial_weights``; every later version goes through ``stage`` and ``commit``."""
+        weights = first(self.trainer) if first else self.trainer.execute_on(0).weights_state().wait()[0]
+        receivers.set_initial_weights(weights, version).wait()
         self.sync = WeightSync(
             self.trainer,
             receivers,
@@ -366,19 +355,16 @@ class Run:
         a node is lost. The trainer is watched: a lost rank restarts it from its checkpoint."""
         watched = [self.trainer] if self.trainer is not None else []
         self.supervisor = Supervisor(groups, self.sync, rewire, watched=watched, shrinkable=shrinkable)
-        self._steps = SupervisedSteps(self.supervisor, self.state.recoveries, after_heal=self._healed)
-        if self.trainer is not None and self.sync is not None:
-            budget = RestartBudget(self.placement.get_strategy(self._trainer_name).restart)
+        if self._start_trainer is not None and self.sync is not None:
+            budget = RestartBudget(self.placement.get_strategy(self.trainer.name).restart)
             restarts = self.state.trainer_restarts
-            self._restarter = TrainerRestarter(budget, self._start_trainer, self.sync, self._steps, restarts)
+            self._restarter = TrainerRestarter(budget, self._start_trainer, self.sync, self, restarts)
 
-    def time_share(self, groups: Sequence[WorkerGroup], awake: str) -> bool:
+    def time_share(self, groups: Sequence[WorkerGroup], awake: str) -> None:
         """When ``groups`` share devices (the layout colocates the trainer with ``awake``), they
-        take turns: ``awake`` first, the rest asleep. Returns whether they do."""
-        if self.relation(self._trainer_name, awake) != "colocated":
-            return False
-        self.turns, self._awake = TimeSharing(list(groups), awake=awake), awake
-        return True
+        take turns: ``awake`` first, the rest asleep."""
+        if self.relation(self.trainer.name, awake) == "colocated":
+            self.turns, self._awake = TimeSharing(list(groups), awake=awake), awake
 
     def share(self, total: int, component: str, key: str) -> int:
         """``total`` (the config's ``key``) split evenly over the ranks of ``component``: each one's
@@ -396,27 +382,7 @@ class Run:
         assert self.layout is not None
         return self.layout.plan.relation(a, b)
 
-    # ------------------------------------------------------------------------- supervised calls
-    @property
-    def steps(self) -> SupervisedSteps:
-        if self._steps is None:
-            raise RuntimeError("the run is not launched")
-        return self._steps
-
-    def retried(self, step: Callable[[], Any]) -> Any:
-        """``step()``, again after the dead are replaced (generate, score, evaluate, …)."""
-        return self.steps.retried(step)
-
-    def on_trainer(self, call: Callable[[], Any]) -> Any:
-        """A trainer call, never redone; a lost trainer rank restarts the trainer (the iteration
-        is redone from the last checkpoint)."""
-        return self.steps.on_trainer(call)
-
-    def replace_dead(self) -> None:
-        """Replace whoever is gone now, if anybody (a worker found dead without a failed call)."""
-        with contextlib.suppress(_NobodyGone):
-            self.steps.heal(_NobodyGone("a worker died"))
-
+    # ------------------------------------------------------------------------- supervision
     def resize(self, component: str, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
         """Elastic: stop ranks of a supervised ``component`` or start stopped ones again (admitted at
         the served version), between batches (``between_batches``)."""
@@ -430,7 +396,7 @@ class Run:
             raise KeyError(f"no launched component {component!r}; launched: {[g.name for g in self._groups]}")
         return found[0]
 
-    def _healed(self) -> None:
+    def after_heal(self) -> None:
         """After every recovery: say so everywhere, and put a replaced engine back to sleep when it
         is not its turn (time-sharing)."""
         recovery: Recovery = self.state.recoveries[-1]
@@ -456,7 +422,6 @@ class Run:
             "served_after_s": round(served_after_s, 3),
         } | {key: value for key, value in extra.items() if value is not None}
         self.state.events.append(event)
-        assert self.log is not None
         self.log.event(event)
         worker, cause = f"{restart.component}:{restart.rank}", event["cause"]
         line = (
@@ -473,11 +438,10 @@ class Run:
         group: WorkerGroup,
         method: Callable[..., Any],
         args: Callable[[int, str], tuple[Any, ...]],
-        ranks: Sequence[int] | None = None,
     ) -> Pending:
-        """Every rank of ``group`` (or ``ranks``) calls ``method(*args(rank, batch_id))`` to make one
-        batch, under a batch id issued now; ``gather`` collects them."""
-        pending = self._issue(group, method, args, list(group.ranks if ranks is None else ranks))
+        """Every rank of ``group`` calls ``method(*args(rank, batch_id))`` to make one batch, under a
+        batch id issued now; ``gather`` collects them."""
+        pending = self._issue(group, method, args, list(group.ranks))
         self._in_flight.append(pending)
         return pending
 
@@ -496,7 +460,7 @@ class Run:
             return again.call
 
         ledger = self.state.ledger
-        done = self.steps.gathered(
+        done = self.gathered(
             pending.call, lost=lambda ranks: ledger.lost(pending.ids[r] for r in ranks), remake=remake
         )
         self._in_flight.remove(pending)
@@ -511,17 +475,19 @@ class Run:
         versions = [version(b) for b in batches]
         self.state.batch_versions.append(versions)
         paired = list(zip(batches, versions, strict=True))
-        kept = [b for b, v in paired if learner - v <= max_staleness]
         stale = [b.id for b, v in paired if learner - v > max_staleness]
         self.state.ledger.dropped(stale)
         self.state.dropped_batches += len(stale)
         oldest = min(versions, default=learner)
         self._freshness = {"batch_version": oldest, "staleness": learner - oldest, "dropped": len(stale)}
-        return kept
+        return [b for b, v in paired if learner - v <= max_staleness]
 
     def lost(self, batches: Sequence[Batch]) -> None:
-        """Batches whose maker died after making them (the trainer could not use them)."""
+        """Batches whose maker died after making them (the trainer could not use them): their ids
+        end as lost, and whoever is gone now is replaced."""
         self.state.ledger.lost(b.id for b in batches)
+        with contextlib.suppress(_NobodyGone):
+            self.heal(_NobodyGone("a worker died"))
 
     def updated(self, batch_ids: Iterable[str]) -> None:
         """The trainer updated on ``batch_ids`` (as it reports them): they are trained, the
@@ -541,12 +507,11 @@ class Run:
         self._last_checkpoint = (payload, saved)
         self.store.save(self.state.iteration, {self.job.trainer_payload: payload}, saved)
 
-    def tick(self) -> float:
-        """Training seconds so far (across resumes), counted up to now."""
+    def tick(self) -> None:
+        """Count the training seconds (across resumes) up to now."""
         now = time.perf_counter()
         self.state.training_s += now - self.clock
         self.clock = now
-        return self.state.training_s
 
     # ------------------------------------------------------------------------------ weights
     @property
@@ -559,26 +524,41 @@ class Run:
         return self.staged_version if self.staged_version is not None else self.served_version
 
     def stage(self, version: int) -> None:
-        """Stage ``version`` on every receiver while they keep generating (``prepare``)."""
+        """Stage ``version`` on every receiver while they keep generating (``prepare``), and record
+        the trainer's log-probs of the probe under it (see ``probe``)."""
         assert self.sync is not None
-        sync = self.sync
+        sync, probe = self.sync, self._probe
         self.sync_s["prepare_s"] = self.retried(lambda: sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
+        if probe is not None:
+            trainer_logprobs = self.trainer.execute_on(0).probe_logprobs
+            self.on_trainer(
+                lambda: probe.expect(version, lambda sequences: trainer_logprobs(sequences).wait()[0])
+            )
 
-    def commit(self) -> int | None:
+    def commit(self) -> None:
         """Pause → swap → verify → resume for the staged version, if any (staged again first if a
-        replacement dropped it), between batches. Returns the version now served, or None."""
+        replacement dropped it), between batches; then the receivers' log-probs of the probe, if
+        any, checked against the trainer's."""
         if self.between_batches is not None and not self._between_done:
             self._between_done = True
             self.between_batches(self)
         version, sync = self.staged_version, self.sync
         if version is None or sync is None:
-            return None
+            return
         report = self.retried(lambda: sync.commit_version(version))
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
         self.state.served_versions.append(sync.version)
         self.staged_version = None
-        return version
+        if self._probe is not None:
+            probe = self._probe
+            self.logprob_mismatch = self.retried(lambda: probe.check(version, sync.receivers))
+
+    def probe(self, sequences: Sequences, tolerance: float) -> None:
+        """From now on, the receivers' log-probs of ``sequences`` ((prompt, completion) token ids)
+        must equal the trainer's (rank 0's ``probe_logprobs(sequences)``) within ``tolerance`` at
+        every committed version: the record's ``logprob_mismatch``, else ``LogprobMismatchError``."""
+        self._probe = LogprobProbe(sequences, tolerance)
 
     def turn(self, component: str) -> float:
         """Give ``component`` the shared devices (time-sharing); the switch's seconds, else 0."""
@@ -599,17 +579,14 @@ class Run:
                 pending.call.wait()
         self._in_flight.clear()
         state = self.state
-        payload, saved = self._last_checkpoint if self._last_checkpoint is not None else (None, None)
+        payload, saved = self._last_checkpoint
         back_to = int(saved["iteration"]) if saved is not None else 0
-        detail = (
-            f"from the checkpoint of {self.job.unit} {back_to}" if saved is not None else "from its start"
-        )
+        detail = f"from the checkpoint of {self.job.unit} {back_to}" if saved else "from its start"
         self.trainer, restart = self._restarter.restart(self.trainer, loss, payload, detail)
         state.served_versions.append(self.served_version)
         state.ledger.dropped(state.ledger.open_ids)
         state.ledger.rolled_back(after_iteration=back_to)
         state.rewind(saved)
-        assert self.log is not None
         self.log.rewind(back_to)
         self.staged_version = None
         if self._awake is not None:  # the restarted trainer came back asleep
@@ -618,7 +595,4 @@ class Run:
 
 
 class _NobodyGone(RuntimeError):
-    """What ``replace_dead`` hands ``Supervisor.heal``, which re-raises it when nobody died."""
-
-
-__all__ = ["Pending", "Run"]
+    """What ``lost`` hands ``Supervisor.heal``, which re-raises it when nobody died."""

@@ -32,11 +32,9 @@ class CtrlC:
         return _sigint_handled_by(self._handler)
 
 
-@contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
+def sigint_ignored() -> contextlib.AbstractContextManager[None]:
     """Hold off Ctrl-C and SIGTERM while releasing workers and placement groups (bounded: seconds)."""
-    with _sigint_handled_by(signal.SIG_IGN):
-        yield
+    return _sigint_handled_by(signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """``RunState``: what a driver carries across iterations, the one place its counters live.
 
 A job subclasses it with its own fields and names in ``CHECKPOINTED`` those that a resumed run
-continues from; ``Run`` saves them with each checkpoint, loads them on ``--resume`` and rewinds
+continues from (JSON values: a list comes back as a list, so a checkpointed field holds lists,
+not tuples); ``Run`` saves them with each checkpoint, loads them on ``--resume`` and rewinds
 them when the trainer is restarted from a checkpoint. The rest (the record of versions, batches
 and recoveries) is this process's, never rewound: it is what the run did.
 """
@@ -36,23 +37,15 @@ class RunState:
     trainer_restarts: list[Restart] = field(default_factory=list)  # the trainer, from its checkpoint
     events: list[dict[str, Any]] = field(default_factory=list)  # every fault survived, as shown
 
-    def __post_init__(self) -> None:
-        """Put loaded values back into their types (JSON has lists, not tuples or deques)."""
-
     def load(self, saved: Mapping[str, Any] | None, keep: tuple[str, ...] = ()) -> None:
         """Take the ``CHECKPOINTED`` fields from ``saved`` (missing ones: their defaults), except
         ``keep``."""
         saved = saved or {}
         for spec in dataclasses.fields(self):
             if spec.name in self.CHECKPOINTED and spec.name not in keep:
-                if spec.name in saved:
-                    value = copy.deepcopy(saved[spec.name])
-                elif spec.default_factory is not dataclasses.MISSING:
-                    value = spec.default_factory()
-                else:
-                    value = spec.default
-                setattr(self, spec.name, value)
-        self.__post_init__()
+                factory = spec.default_factory
+                default = factory() if factory is not dataclasses.MISSING else spec.default
+                setattr(self, spec.name, copy.deepcopy(saved[spec.name]) if spec.name in saved else default)
 
     def rewind(self, saved: Mapping[str, Any] | None) -> None:
         """Back to a checkpoint (or to the start) after a trainer restart."""

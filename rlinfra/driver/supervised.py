@@ -1,7 +1,8 @@
 """How ``Run`` rides out faults: the calls a driver makes into a supervised run, and the trainer's
 restart from its checkpoint. Neither knows what the job trains.
 
-``SupervisedSteps`` — the three ways a driver calls into a run that a ``Supervisor`` watches:
+``SupervisedSteps`` — the three ways a driver calls into a run that a ``Supervisor`` watches (a
+mixin: ``Run`` is one):
 
     retried(step)      a step that can be redone (generate, score, stage, commit): when a worker
                        died during it, replace the dead and run the step again
@@ -9,8 +10,8 @@ restart from its checkpoint. Neither knows what the job trains.
                        short by a dead worker is reported lost and made again on its replacement
     on_trainer(call)   a trainer call, never redone (an update may have half happened): a lost
                        trainer rank becomes ``UnsupervisedLoss`` for the loop to restart the trainer
-    heal(error)        replace the dead, keep the ``Recovery``, run the job's ``after_heal`` hook
-                       (e.g. a replaced engine put back to sleep in a time-shared layout)
+    heal(error)        replace the dead, keep the ``Recovery``, run the ``after_heal`` hook (the
+                       driver's: e.g. a replaced engine put back to sleep in a time-shared layout)
 
 ``TrainerRestarter`` — a data-parallel rank cannot be replaced in place (its peers sit in a
 collective with it), so the whole trainer group is:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
@@ -43,25 +45,24 @@ scratch) whose weight version is above ``publish_above``; returns the group and 
 
 
 class SupervisedSteps:
-    """A driver's calls into a supervised run; every recovery is appended to ``recoveries``."""
+    """A driver's calls into a supervised run. The driver sets ``supervisor`` (None: nothing is
+    supervised yet, and a failure stands) and ``recoveries``, which every recovery is appended to
+    before ``after_heal()`` runs."""
 
-    def __init__(
-        self,
-        supervisor: Supervisor,
-        recoveries: list[Recovery],
-        after_heal: Callable[[], None] | None = None,
-    ) -> None:
-        self.supervisor = supervisor
-        self.recoveries = recoveries
-        self.after_heal = after_heal
+    supervisor: Supervisor | None
+    recoveries: list[Recovery]
+
+    def after_heal(self) -> None:
+        """What the driver does after every recovery (nothing, unless overridden)."""
 
     def heal(self, error: BaseException) -> Recovery:
         """Replace whoever died; re-raises ``error`` when nobody did, ``UnsupervisedLoss`` when a
         watched (trainer) rank is gone, ``SupervisionError`` when a rank cannot be replaced."""
+        if self.supervisor is None:
+            raise error
         recovery = self.supervisor.heal(error)
         self.recoveries.append(recovery)
-        if self.after_heal is not None:
-            self.after_heal()
+        self.after_heal()
         return recovery
 
     def retried(self, step: Callable[[], Any]) -> Any:
@@ -94,16 +95,12 @@ class SupervisedSteps:
             except WorkerGroupError as error:
                 done.update(error.results)
                 lost(error.failed_ranks)
-                if not self.recovered_since(call.issued):
-                    self.heal(error)
+                if not self.recoveries or self.recoveries[-1].finished_monotonic <= call.issued:
+                    self.heal(error)  # unless a recovery finished after this call was issued
                 if error.pending:
                     calls.append(call.subset(error.pending))
                 calls.append(remake(error.failed_ranks))
         return done
-
-    def recovered_since(self, issued: float) -> bool:
-        """Whether a recovery finished after ``issued`` (monotonic, as ``GroupCall.issued``)."""
-        return bool(self.recoveries) and self.recoveries[-1].finished_monotonic > issued
 
     def on_trainer(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the trainer, never retried: a lost trainer rank raises
@@ -115,20 +112,16 @@ class SupervisedSteps:
             raise
 
 
+@dataclass
 class TrainerRestarter:
     """Restarts a trainer group whole, from a checkpoint; see the module docstring. Every attempt,
     refused ones included, is appended to ``restarts``."""
 
-    def __init__(
-        self,
-        budget: RestartBudget,
-        start: StartTrainer,
-        sync: WeightSync,
-        steps: SupervisedSteps,
-        restarts: list[Restart] | None = None,
-    ) -> None:
-        self.budget, self.start, self.sync, self.steps = budget, start, sync, steps
-        self.restarts: list[Restart] = restarts if restarts is not None else []
+    budget: RestartBudget
+    start: StartTrainer
+    sync: WeightSync
+    steps: SupervisedSteps
+    restarts: list[Restart]
 
     def restart(
         self, trainer: WorkerGroup, loss: UnsupervisedLoss, checkpoint: bytes | None, restored_from: str
@@ -140,7 +133,7 @@ class TrainerRestarter:
         lost_ranks = loss.gone.get(trainer.name, [])
         rank = lost_ranks[0] if lost_ranks else 0
         node_rank = trainer.node_rank_of(rank)
-        cause = str(loss.cause).splitlines()[0] if str(loss.cause) else type(loss.cause).__name__
+        cause = str(loss.cause).partition("\n")[0] or type(loss.cause).__name__
         try:
             self.budget.charge(trainer.name, rank, node_rank)
         except RestartBudgetExhausted as spent:
@@ -151,6 +144,7 @@ class TrainerRestarter:
         group, version = self.start(checkpoint, self.sync.version)
         self.sync.replace_sender(group)
         supervisor = self.steps.supervisor
+        assert supervisor is not None  # it watches the trainer that was lost
         supervisor.watched = [group if watched is trainer else watched for watched in supervisor.watched]
         self.steps.retried(lambda: self.sync.update(version))
         reason = f"lost rank(s) {lost_ranks}: {cause}"

@@ -26,8 +26,9 @@ the caller to handle, e.g. by restarting the trainer from its checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlinfra.runtime.errors import WorkerGroupError
@@ -54,30 +55,21 @@ class Recovery:
     restarts: list[Restart] = field(default_factory=list)
     dropped: list[tuple[str, int]] = field(default_factory=list)  # unreplaceable, gone on without
     admitted_version: int | None = None
-    restaged_version: int | None = None
     took_s: float = 0.0
     finished_at: float = 0.0  # Unix time the replacements were admitted and rewired
     finished_monotonic: float = 0.0  # the same moment on the monotonic clock (GroupCall.issued's)
 
 
+@dataclass
 class Supervisor:
     """Replaces the dead workers of ``groups``; ``receivers`` (one of them) are re-admitted
     through ``sync``; ``rewire(replaced)`` runs once they are all back (group name → ranks)."""
 
-    def __init__(
-        self,
-        groups: Sequence[WorkerGroup],
-        sync: WeightSync | None = None,
-        rewire: Callable[[dict[str, list[int]]], None] | None = None,
-        watched: Sequence[WorkerGroup] = (),
-        shrinkable: Sequence[WorkerGroup] = (),
-    ) -> None:
-        self.groups = list(groups)
-        self.shrinkable = list(shrinkable)  # may go on with fewer ranks when one is unreplaceable
-        self.sync = sync
-        self.rewire = rewire
-        self.watched = list(watched)  # checked for deaths, but not replaced here
-        self.recoveries: list[Recovery] = []
+    groups: Sequence[WorkerGroup]
+    sync: WeightSync | None = None
+    rewire: Callable[[dict[str, list[int]]], None] | None = None
+    watched: Sequence[WorkerGroup] = ()  # checked for deaths, but not replaced here
+    shrinkable: Sequence[WorkerGroup] = ()  # may go on with fewer ranks when one is unreplaceable
 
     def heal(self, cause: BaseException) -> Recovery:
         """Replace every gone rank after ``cause``; see the module docstring. A newcomer that dies
@@ -87,27 +79,19 @@ class Supervisor:
         gone = self._gone(cause)
         if not gone:
             raise cause
-        recovery = Recovery(str(cause).splitlines()[0] if str(cause) else type(cause).__name__)
-        self.recoveries.append(recovery)
-        sync = self.sync
-        abandoned = sync.abandon() if sync is not None else None
-        changed: dict[str, set[int]] = {}
-        while gone:
-            for name, ranks in gone.items():
-                changed.setdefault(name, set()).update(ranks)
-            try:
-                self._bring_back(gone, recovery)
-            except (WorkerGroupError, WeightSyncError) as second:
-                gone = self._gone(second)  # who died meanwhile; nobody: the error stands
-                if not gone:
-                    raise
-                continue
-            gone = self._gone(cause)
-        if self.rewire is not None:
-            self.rewire({name: sorted(ranks) for name, ranks in changed.items()})
-        if sync is not None and abandoned is not None:
-            sync.prepare(abandoned)
-            recovery.restaged_version = abandoned
+        recovery = Recovery(str(cause).partition("\n")[0] or type(cause).__name__)
+        with self._restaged(abandon=True) as changed:
+            while gone:
+                for name, ranks in gone.items():
+                    changed.setdefault(name, set()).update(ranks)
+                try:
+                    self._bring_back(gone, recovery)
+                except (WorkerGroupError, WeightSyncError) as second:
+                    gone = self._gone(second)  # who died meanwhile; nobody: the error stands
+                    if not gone:
+                        raise
+                    continue
+                gone = self._gone(cause)
         recovery.took_s = time.monotonic() - started
         recovery.finished_at, recovery.finished_monotonic = time.time(), time.monotonic()
         return recovery
@@ -146,19 +130,29 @@ class Supervisor:
         start ``add`` again in their reserved bundles, admitted at the committed version when
         ``group`` is the weight receivers — the replacement mechanism without a death — then
         rewire and re-stage as ``heal`` does."""
+        sync = self.sync if self.sync is not None and group is self.sync.receivers else None
+        with self._restaged(abandon=sync is not None) as changed:
+            changed[group.name] = {*add, *remove}
+            if remove:
+                group.remove(remove)
+                if sync is not None:
+                    sync.leave(remove)
+            if add:
+                group.add(add)
+                if sync is not None:
+                    sync.admit(add)
+
+    @contextlib.contextmanager
+    def _restaged(self, abandon: bool) -> Iterator[dict[str, set[int]]]:
+        """Around a change of ranks (group name → the ranks the block changed): the staged version
+        abandoned first when ``abandon`` (a newcomer lacks it), then ``rewire`` told the ranks and
+        the abandoned version staged again on everyone."""
         sync = self.sync
-        receivers = sync is not None and group is sync.receivers
-        abandoned = sync.abandon() if sync is not None and receivers else None
-        if remove:
-            group.remove(remove)
-            if sync is not None and receivers:
-                sync.leave(remove)
-        if add:
-            group.add(add)
-            if sync is not None and receivers:
-                sync.admit(add)
+        changed: dict[str, set[int]] = {}
+        abandoned = sync.abandon() if sync is not None and abandon else None
+        yield changed
         if self.rewire is not None:
-            self.rewire({group.name: sorted({*add, *remove})})
+            self.rewire({name: sorted(ranks) for name, ranks in changed.items()})
         if sync is not None and abandoned is not None:
             sync.prepare(abandoned)
 
@@ -166,6 +160,3 @@ class Supervisor:
     def restarts(self) -> list[Restart]:
         """Every replacement attempt of the supervised groups, in order (failed ones too)."""
         return sorted((r for group in self.groups for r in group.restarts), key=lambda r: r.at)
-
-
-__all__ = ["Recovery", "Supervisor", "UnsupervisedLoss"]

@@ -83,14 +83,12 @@ def require_vllm() -> str:
 class VLLMSettings:
     """How the engine is built. ``model`` is a local Hugging Face checkpoint directory (model and
     tokenizer); ``kv_cache_mib`` sizes the KV cache explicitly (vLLM would otherwise take most of
-    the memory); ``max_model_len`` 0 is the model's own."""
+    the memory)."""
 
     model: str
     dtype: str = "auto"
     kv_cache_mib: int = 256
-    max_model_len: int = 0
     seed: int = 0
-    prefix_caching: bool = True
 
     def check(self) -> None:
         """Refuse, by name, what this engine cannot serve faithfully."""
@@ -127,7 +125,9 @@ class Sampled:
     version: int
 
 
-def _start_llm(settings: VLLMSettings, devices: int, sleep_mode: bool) -> Any:
+def _start_llm(settings: VLLMSettings, devices: int) -> Any:
+    """``vllm.LLM`` in this process, on ``devices`` accelerators, with sleep mode where vLLM has it
+    (GPUs: time-sharing)."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
         raise VLLMSettingsError(
             "VLLM_ENABLE_V1_MULTIPROCESSING is set: the engine core must run in the worker's own "
@@ -155,11 +155,10 @@ def _start_llm(settings: VLLMSettings, devices: int, sleep_mode: bool) -> Any:
         seed=settings.seed,
         enforce_eager=True,
         kv_cache_memory_bytes=settings.kv_cache_mib * 2**20,
-        max_model_len=settings.max_model_len or None,
-        enable_prefix_caching=settings.prefix_caching,
+        enable_prefix_caching=True,  # reset by every swap (``weights_loaded``)
         logprobs_mode="processed_logprobs",
         tensor_parallel_size=max(devices, 1),
-        enable_sleep_mode=sleep_mode and not on_cpu,
+        enable_sleep_mode=not on_cpu,
         use_tqdm_on_load=False,
     )
 
@@ -205,14 +204,12 @@ class VLLMEngine(EngineReceiver, TimeShared):
     the engine itself take turns (``vllm.LLM`` is not thread-safe)."""
 
     collect_cycles_on_sleep = False
-    time_shared_sleep_mode = True  # GPU: build the engine with vLLM's sleep mode
 
     def __init__(self, settings: VLLMSettings) -> None:
         settings.check()
-        self.settings = settings
         self.engine_lock = threading.Lock()
         devices = len(self._placement.visible_accelerators) if self._placement is not None else 0
-        self.llm = _start_llm(settings, devices, self.time_shared_sleep_mode)
+        self.llm = _start_llm(settings, devices)
         self._views: dict[str, Any] | None = None
         self._asleep = self._weights_resident = False
 
@@ -252,13 +249,8 @@ class VLLMEngine(EngineReceiver, TimeShared):
         its tokens' log-probs and the weight version that made it."""
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else temperature,
-            max_tokens=max_tokens,
-            logprobs=0,
-            seed=seed,
-        )
+        temperature = 0.0 if greedy else temperature
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed)
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         with self.engine_lock, self.serving() as weights:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -310,17 +302,3 @@ class VLLMEngine(EngineReceiver, TimeShared):
         if self._asleep and not self._weights_resident:
             self.llm.wake_up(tags=["weights"])
             self._weights_resident = True
-
-
-__all__ = [
-    "ARCHITECTURES",
-    "INSTALL_HINT",
-    "VLLM_VERSION",
-    "Sampled",
-    "VLLMEngine",
-    "VLLMSettings",
-    "VLLMSettingsError",
-    "VLLMUnavailableError",
-    "hugging_face_views",
-    "require_vllm",
-]

@@ -253,7 +253,7 @@ def test_a_multi_process_engine_core_is_refused(monkeypatch):
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     with pytest.raises(VLLMSettingsError, match="VLLM_ENABLE_V1_MULTIPROCESSING is set"):
-        engine_module._start_llm(SETTINGS, 1, sleep_mode=False)
+        engine_module._start_llm(SETTINGS, 1)
 
 
 def test_without_vllm_installed_the_engine_says_what_to_install(monkeypatch):

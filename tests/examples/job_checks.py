@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from rlinfra.cli.config_loading import load_config
 from rlinfra.cli.main import app
 from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.driver.metrics import TENSORBOARD_DIR
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "ppo_cartpole"
@@ -103,3 +104,15 @@ def load_checkpoint(folder: Path) -> dict[str, Any]:
     saved = CheckpointStore(folder).load_latest()
     assert saved is not None, f"no checkpoint in {folder}"
     return {"actor": saved.payloads["actor"], "driver": saved.state}
+
+
+def read_tensorboard(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in ``folder/tensorboard``, as TensorBoard would show it: tag -> [(step, value)]
+    in step order, purged steps gone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder / TENSORBOARD_DIR), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }

@@ -15,9 +15,8 @@ from rich.console import Console
 
 from examples.bandit.job import run
 from rlinfra.driver import read_events, read_metrics
-from rlinfra.driver.metrics import read_tensorboard
 from rlinfra.runtime.supervision import SupervisionError
-from tests.examples.job_checks import assert_resources_released, job_config, sigkill
+from tests.examples.job_checks import assert_resources_released, job_config, read_tensorboard, sigkill
 
 SHARED = ("cluster.num_nodes=2", "cluster.simulate=2x4", "run.plot=false")  # the PPO tests' Ray
 CFG = job_config("bandit", *SHARED, example="bandit")
@@ -44,8 +43,8 @@ def test_the_example_learns_and_stops_at_its_target(cluster, tmp_path) -> None:
     summary = summary_of(tmp_path)
     assert result.outcome == summary["outcome"] == "target" and result.iterations < 200
     assert read_metrics(tmp_path)[-1]["mean_reward"] >= 0.75
-    assert result.served_versions == list(range(len(result.served_versions)))  # one per iteration
-    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
+    assert result.state.served_versions == list(range(len(result.state.served_versions)))  # one per iteration
+    assert all(len(set(versions)) == 1 for versions in result.state.batch_versions)
     assert_every_batch_ended(summary)  # the pulls in flight at the target were ended too
     assert_resources_released()
 
@@ -68,7 +67,7 @@ def test_ctrl_c_ends_every_batch_and_resume_goes_on(cluster, tmp_path) -> None:
     assert summary_of(tmp_path)["outcome"] == "interrupted"
     assert_every_batch_ended(summary_of(tmp_path))
     resumed = run(cfg, cluster=cluster, resume=True)
-    assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.served_versions[0] == 2
+    assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.state.served_versions[0] == 2
     assert_every_batch_ended(summary_of(tmp_path))
     assert_resources_released()
 

@@ -27,7 +27,7 @@ def test_the_bundled_configs_parse() -> None:
     [
         ("algo.updatse=3", "algo.updatse: unknown key; did you mean 'updates'?"),
         ("modell.path=/x", "modell: unknown section; did you mean 'model'?"),
-        ("algo.max_staleness=2", "algo.max_staleness: got 2; expected 0 or 1"),
+        ("algo.max_staleness=2", "algo.max_staleness: got 2; expected one of (0, 1)"),
         ("algo.group_size=1", "algo.group_size: got 1; expected at least 2"),
         ("algo.stop_at_target=2", "algo.stop_at_target: expected true or false, got 2"),
         ("run.transport=object_store_shared", "run.transport: got 'object_store_shared'; expected one of"),

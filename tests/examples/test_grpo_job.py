@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import signal
 
 import pytest
@@ -22,13 +23,14 @@ from examples.grpo_lm import job as grpo_job
 from examples.grpo_lm.job import run
 from examples.grpo_lm.lm.model import ModelLoadError
 from rlinfra.driver.checkpoints import CheckpointStore
-from rlinfra.driver.metrics import read_metrics, read_tensorboard
+from rlinfra.driver.metrics import read_metrics
 from tests.examples.job_checks import (
     assert_resources_released,
     assert_reward_improves,
     grpo_config,
     job_config,
     planned_placements,
+    read_tensorboard,
     sigkill,
 )
 
@@ -39,6 +41,10 @@ ENGINES = 2  # rollout: 2-3
 
 def short_run(tmp_path, *overrides: str):
     return grpo_config("disaggregated", tmp_path, *overrides)
+
+
+def summary_of(output_dir) -> dict:
+    return json.loads((output_dir / "summary.json").read_text())
 
 
 def test_short_run_places_stamps_versions_syncs_every_update_and_learns(cluster, tmp_path) -> None:
@@ -62,7 +68,7 @@ def test_short_run_places_stamps_versions_syncs_every_update_and_learns(cluster,
     assert all(r["informative_frac"] > 0 for r in records)  # every update had a reward signal
     assert_reward_improves(records)
     assert result.state.warm_accuracy is not None
-    assert [point[0] for point in result.state.curve] == [0, 30, 60]
+    assert [point["iteration"] for point in summary_of(tmp_path)["curve"]] == [0, 30, 60]
     board = read_tensorboard(tmp_path)
     assert [step for step, _ in board["accuracy"]] == [30, 60]
     assert [step for step, _ in board["reward_mean"]] == list(range(1, updates + 1))
@@ -121,7 +127,7 @@ def test_a_killed_engine_and_trainer_rank_are_recovered_then_ctrl_c_stops_and_re
     assert board["train_s"] == [(r["iteration"], pytest.approx(r["train_s"])) for r in records]
     # The held-out curve goes on across the restart and the resume: the warm-up point, then one
     # point per evaluation, the redone one once.
-    assert [point[0] for point in resumed.state.curve] == [0, 3, 6]
+    assert [point["iteration"] for point in summary_of(tmp_path)["curve"]] == [0, 3, 6]
     # The trainer applied exactly one update per iteration across the restart and the resume, and
     # the prompt stream was rewound with it: the same prompts as a run without the faults (a lost
     # batch is made again from its own prompts).
@@ -129,7 +135,7 @@ def test_a_killed_engine_and_trainer_rank_are_recovered_then_ctrl_c_stops_and_re
     assert saved is not None and saved.step == updates
     actor = torch.load(io.BytesIO(saved.payloads["actor"]), weights_only=True)
     assert actor["updates"] == updates
-    assert resumed.state.sampler_draws == updates * resumed.job.algo.prompts_per_step
+    assert resumed.job.drawn == updates * resumed.job.algo.prompts_per_step
     # The trainer went on from its restored version instead of starting again, the engines served
     # it, and versions only rise: the restarted trainer's weights were served above the last one.
     versions = [*stopped.state.served_versions, *resumed.state.served_versions]

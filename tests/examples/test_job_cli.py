@@ -14,7 +14,7 @@ import pytest
 
 from examples.ppo_cartpole.__main__ import compose_config
 from examples.ppo_cartpole.__main__ import main as module_main
-from examples.ppo_cartpole.config import algo_config, run_settings
+from examples.ppo_cartpole.config import parse_job_config
 from rlinfra.driver import read_metrics
 from tests.examples.job_checks import EXAMPLE, load_checkpoint
 from tests.processes import process_alive, process_group_alive
@@ -94,7 +94,8 @@ def test_sigterm_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) 
 
 def test_module_entry_composes_hydra_overrides() -> None:
     cfg = compose_config("disaggregated", ["algo.iterations=50", "run.output_dir=/tmp/x", "algo.seed=3"])
-    algo, settings = algo_config(cfg), run_settings(cfg)
+    job = parse_job_config(cfg)
+    algo, settings = job.algo, job.run
     assert (algo.iterations, algo.seed, settings.output_dir) == (50, 3, "/tmp/x")
     assert cfg.cluster.component_placement.rollout.placement == "4-5"  # the rest is untouched
 
@@ -141,5 +142,4 @@ def test_bad_job_settings_are_named_before_ray_starts(override: str, message: st
 
     cfg = compose_config("colocated", [override])
     with pytest.raises(JobConfigError, match=message.replace("(", r"\(")):
-        algo_config(cfg)
-        run_settings(cfg)
+        parse_job_config(cfg)

@@ -26,8 +26,8 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
         "colocated"
     )
     assert result.misplaced_bundles == []
-    assert result.served_versions == list(range(ITERATIONS))
-    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
+    assert result.state.served_versions == list(range(ITERATIONS))
+    assert all(len(set(versions)) == 1 for versions in result.state.batch_versions)
     assert result.state.dropped_batches == 0
     assert result.state.mean_return > 1.3 * result.state.first_mean_return
     assert_resources_released()
@@ -39,6 +39,6 @@ def test_strictly_on_policy_mode_trains_on_fresh_batches_only(cluster, tmp_path)
     records = read_metrics(tmp_path)
     # Collect, train, update, repeat: each batch comes from the version the learner is at.
     assert [r["staleness"] for r in records] == [0, 0, 0]
-    assert [versions[0] for versions in result.batch_versions] == [0, 1, 2]
-    assert result.served_versions == [0, 1, 2, 3]
+    assert [versions[0] for versions in result.state.batch_versions] == [0, 1, 2]
+    assert result.state.served_versions == [0, 1, 2, 3]
     assert_resources_released()

@@ -55,7 +55,7 @@ def test_a_value_of_the_wrong_type_is_named(override: str, message: str) -> None
 
 def test_values_are_typed_by_the_schema() -> None:
     job = parse_job_config(job_config("colocated", "algo.iterations='7'", "run.call_timeout_s=5"))
-    assert (job.algo.iterations, job.run.call_timeout_s, job.name) == (7, 5.0, "colocated")
+    assert (job.algo.iterations, job.run.call_timeout_s) == (7, 5.0)
     assert isinstance(job.run.call_timeout_s, float)
 
 

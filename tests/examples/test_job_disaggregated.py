@@ -15,8 +15,12 @@ import ray
 
 from examples.ppo_cartpole.job import run
 from rlinfra.driver import JobConfigError, read_metrics
-from rlinfra.driver.metrics import read_tensorboard
-from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
+from tests.examples.job_checks import (
+    assert_resources_released,
+    job_config,
+    planned_placements,
+    read_tensorboard,
+)
 
 CFG = job_config("disaggregated")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
@@ -54,7 +58,7 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert result.misplaced_bundles == []
     # One committed version per iteration after the first (the first rollout runs on version 0
     # while version 1 trains), each exactly one higher: the barrier never skipped or repeated one.
-    assert result.served_versions == list(range(ITERATIONS))
+    assert result.state.served_versions == list(range(ITERATIONS))
     records = read_metrics(tmp_path)
     assert [r["learner_version"] for r in records] == list(range(1, ITERATIONS + 1))
     # Both data-parallel actor ranks held bit-identical parameters after every update.
@@ -64,8 +68,8 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     assert all(0 < r["held_s"] < r["pause_s"] for r in records[1:])
     # Every env worker's batch came from one version, the same for all workers of an iteration,
     # and never more than max_staleness (1) behind the learner.
-    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert [versions[0] for versions in result.batch_versions] == [0, *range(ITERATIONS - 1)]
+    assert all(len(set(versions)) == 1 for versions in result.state.batch_versions)
+    assert [versions[0] for versions in result.state.batch_versions] == [0, *range(ITERATIONS - 1)]
     assert [r["staleness"] for r in records] == [0] + [1] * (ITERATIONS - 1)
     assert result.state.dropped_batches == 0
     assert result.state.mean_return > 1.3 * result.state.first_mean_return

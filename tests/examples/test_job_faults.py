@@ -22,12 +22,17 @@ import torch
 
 from examples.ppo_cartpole.job import run
 from rlinfra.driver import read_metrics
-from rlinfra.driver.metrics import read_tensorboard
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.supervision import RestartBudgetExhausted
 from rlinfra.services.weights import WeightSyncError
-from tests.examples.job_checks import assert_resources_released, job_config, load_checkpoint, sigkill
+from tests.examples.job_checks import (
+    assert_resources_released,
+    job_config,
+    load_checkpoint,
+    read_tensorboard,
+    sigkill,
+)
 
 LAYOUT = (
     "cluster.num_nodes=3",
@@ -112,9 +117,9 @@ def test_killed_workers_are_replaced_and_a_killed_trainer_rank_restarts_from_its
     # The replaced rollout worker served the committed version: every batch is one version, the
     # versions advance by one per iteration up to the trainer's loss, and they only ever rise (the
     # restored weights were re-published above the last one served).
-    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.served_versions[:7] == list(range(7))
-    assert result.served_versions == sorted(set(result.served_versions))
+    assert all(len(set(versions)) == 1 for versions in result.state.batch_versions)
+    assert result.state.served_versions[:7] == list(range(7))
+    assert result.state.served_versions == sorted(set(result.state.served_versions))
     assert_resources_released()
 
 
@@ -184,7 +189,7 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
     # The trainer continued from version 2 (restored), rather than starting again at 0, and both
     # rollout workers of the resumed run served it.
     assert records[-1]["learner_version"] == 4 and records[-1]["rollout_workers"] == 2
-    assert resumed.served_versions[0] == 2
+    assert resumed.state.served_versions[0] == 2
     assert resumed.state.env_steps == 4 * 16 * 64
     assert load_checkpoint(tmp_path)["driver"]["iteration"] == 4
     assert resumed.batches["open"] == 0 and resumed.batches["trained"] == 2 * 2
@@ -240,9 +245,9 @@ def test_rollout_workers_removed_and_added_back_then_a_lost_node_leaves_its_work
     assert [(r.component, r.rank, r.node_rank, r.outcome) for r in recovery.restarts] == []
     # The added worker was admitted at the committed version: no batch mixes versions, and the
     # versions advance by one per iteration as in a run without changes.
-    assert all(len(set(versions)) == 1 for versions in result.batch_versions)
-    assert result.served_versions[:6] == list(range(6))
-    assert result.served_versions == sorted(set(result.served_versions))
+    assert all(len(set(versions)) == 1 for versions in result.state.batch_versions)
+    assert result.state.served_versions[:6] == list(range(6))
+    assert result.state.served_versions == sorted(set(result.state.served_versions))
     batches = result.batches
     assert batches["duplicated"] == 0 and batches["open"] == 0
     ended = batches["trained"] + batches["dropped"] + batches["lost"] + batches["rolled_back"]

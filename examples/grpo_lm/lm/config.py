@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .model import ModelConfig
 
@@ -23,7 +23,8 @@ class GRPOConfig:
     without it the reference forward and every zero-advantage row are skipped. Set it > 0 to train
     with the k3 penalty to the frozen reference.
 
-    Flat (no nested configs) so every field is one command-line flag and one Hydra override.
+    Flat (no nested configs) so every field is one command-line flag and one Hydra override. The
+    ranges a type cannot say are field metadata, which the distributed job's config checks.
     """
 
     seed: int = 0
@@ -45,8 +46,9 @@ class GRPOConfig:
     warmup_eval_every: int = 25
     warmup_eval_size: int = 500
     # GRPO.
-    prompts_per_step: int = 32
-    group_size: int = 8  # G samples per prompt; the group mean is the baseline
+    prompts_per_step: int = field(default=32, metadata={"at_least": 1})
+    # G samples per prompt.
+    group_size: int = field(default=8, metadata={"at_least": 2, "why": "the group mean is the baseline"})
     learning_rate: float = 6e-4
     lr_warmup_updates: int = 20  # linear ramp from 0: a fresh Adam state takes ~lr-sized steps at first
     lr_end_factor: float = 0.0  # after the ramp, lr decays linearly to lr_end_factor * lr at `updates`
@@ -59,8 +61,9 @@ class GRPOConfig:
     max_new_tokens: int = 4  # the longest answer is 3 digits + <eos>
     temperature: float = 1.0
     format_credit: float = 0.0
-    updates: int = 400  # upper bound; with stop_at_target the run ends once the gain is reached
-    eval_every: int = 50
+    # An upper bound; with stop_at_target the run ends once the gain is reached.
+    updates: int = field(default=400, metadata={"at_least": 1})
+    eval_every: int = field(default=50, metadata={"at_least": 1})
     eval_size: int = 500  # prompts of the held-out test split
     target_gain: float = 0.25  # absolute held-out exact-match gain over the warm start
     stop_at_target: bool = False

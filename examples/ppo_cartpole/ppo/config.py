@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -11,12 +11,14 @@ class PPOConfig:
 
     The defaults favour few, large iterations (2048 transitions, 80 minibatch steps each): CartPole-v1
     reaches a 20-episode mean return of 475 in ~15-25 iterations (~30-50k env steps), and the
-    distributed job pays its weight-sync and transfer overhead per iteration, not per step.
+    distributed job pays its weight-sync and transfer overhead per iteration, not per step. The
+    ranges a type cannot say are field metadata, which the distributed job's config checks.
     """
 
     env_id: str = "CartPole-v1"
-    num_envs: int = 16
-    num_steps: int = 128  # per env per rollout; batch = num_envs * num_steps transitions
+    num_envs: int = field(default=16, metadata={"at_least": 1})
+    # Per env per rollout; batch = num_envs * num_steps transitions.
+    num_steps: int = field(default=128, metadata={"at_least": 1})
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip_coef: float = 0.2
@@ -32,14 +34,15 @@ class PPOConfig:
     norm_adv: bool = True
     hidden_size: int = 64
     seed: int = 1
-    iterations: int = 300  # upper bound; training stops as soon as the target is reached
+    # An upper bound; training stops as soon as the target is reached.
+    iterations: int = field(default=300, metadata={"at_least": 1})
     target_return: float = 475.0
     return_window: int = 20  # episodes in the moving mean compared against target_return
     # Distributed job only. 0: collect, train, sync, repeat. 1: the next rollout runs on the current
     # weights while the learner trains and the new weights are staged (one-step off-policy).
-    max_staleness: int = 1
+    max_staleness: int = field(default=1, metadata={"at_least": 0})
     # "ddp": torch DistributedDataParallel; "allreduce": one flat all-reduce per step, by hand.
-    data_parallel: str = "ddp"
+    data_parallel: str = field(default="ddp", metadata={"one_of": ("ddp", "allreduce")})
 
     @property
     def batch_size(self) -> int:

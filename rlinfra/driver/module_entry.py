@@ -1,0 +1,51 @@
+"""A job package's own entry point, ``python -m <package> [--config-name NAME] [--resume] [OVERRIDE ...]``:
+Hydra composes the config from the package's folder (so Hydra's full override grammar works) and
+the job's ``main(cfg, resume=...)`` runs it, as ``rlinfra run`` would. Both bundled main jobs'
+``__main__`` modules are this, with their folder and their job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+USAGE_ERROR = 2  # the exit status of a config that cannot be composed, as every rlinfra command's
+
+
+def compose_config(config_dir: Path, name: str, overrides: Sequence[str]) -> Any:
+    """The config ``name`` from ``config_dir`` with Hydra overrides applied."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+def run_module(
+    config_dir: Path,
+    prog: str,
+    description: str | None,
+    job_main: Callable[[], Callable[..., int]],
+    argv: Sequence[str] | None = None,
+    example_override: str = "algo.seed=1",
+) -> int:
+    """Parse the command line, compose the config, run ``job_main()(cfg, resume=...)`` and return
+    its exit status; a config Hydra or OmegaConf refuses is printed as one line and returns
+    ``USAGE_ERROR``. ``job_main`` returns the job's main function (imported only once the command
+    line is parsed, so ``--help`` is instant)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config-name", default="disaggregated", help=f"a YAML file in {config_dir}")
+    parser.add_argument("--resume", action="store_true", help="continue from run.output_dir's checkpoint")
+    parser.add_argument("overrides", nargs="*", help=f"Hydra overrides, e.g. {example_override}")
+    args = parser.parse_args(None if argv is None else list(argv))
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = compose_config(config_dir, args.config_name, args.overrides)
+    except (HydraException, OmegaConfBaseException) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    return job_main()(cfg, resume=args.resume)
