@@ -97,25 +97,24 @@ def load_config(path: Path, config_name: str | None = None) -> DictConfig:
 
 
 def _read(path: Path, config_name: str | None) -> tuple[DictConfig, str]:
-    """The config as written (a file) or composed (a Hydra config), and how to name it."""
+    """The config as written (a file) or composed (a Hydra config, always with ``config_name``),
+    and how to name it."""
     if config_name is not None:
         if not path.is_dir():
             raise ConfigError(
                 f"{path}: not a directory. With --config-name, pass the Hydra config directory "
                 "that holds NAME.yaml (or pass the YAML file alone)."
             )
-        name = config_name.removesuffix(".yaml")
-        primary = path / f"{name}.yaml"
-        return _compose(path, name, _load_file(primary)), f"{primary} (composed by Hydra)"
+        path = path / f"{config_name.removesuffix('.yaml')}.yaml"
     cfg = _load_file(path)
-    if "defaults" not in cfg and "hydra" not in cfg:
+    if config_name is None and "defaults" not in cfg and "hydra" not in cfg:
         return cfg, str(path)
     if path.suffix != ".yaml":
         raise ConfigError(
             f"{path}: a Hydra config (it has a 'defaults' list or a 'hydra' section), but Hydra "
             f"reads only '.yaml' files; rename it to {path.stem}.yaml."
         )
-    return _compose(path.parent, path.stem, cfg), f"{path} (composed by Hydra)"
+    return _compose(path, cfg), f"{path} (composed by Hydra)"
 
 
 def _load_file(path: Path) -> DictConfig:
@@ -179,8 +178,9 @@ def _position(mark: yaml.Mark) -> str:
 # --- Hydra composition ---------------------------------------------------------------------------
 
 
-def _compose(directory: Path, name: str, written: DictConfig) -> DictConfig:
-    """Config ``name`` of the Hydra config ``directory``, composed as ``@hydra.main`` would.
+def _compose(primary: Path, written: DictConfig) -> DictConfig:
+    """The Hydra config ``primary`` (a ``.yaml`` file), composed from its directory as
+    ``@hydra.main`` would.
 
     ``written`` is the primary file as loaded here; it supplies the ``hydra.searchpath`` entries
     that can be resolved now (see ``_searchpath_overrides``). Hydra's warnings (a defaults list
@@ -191,13 +191,12 @@ def _compose(directory: Path, name: str, written: DictConfig) -> DictConfig:
     from hydra import compose, initialize_config_dir  # imported only for Hydra configs: ~0.1 s
     from hydra.errors import HydraException, MissingConfigException
 
-    primary = directory / f"{name}.yaml"
     overrides, skipped = _searchpath_overrides(written)
     try:
         with _placement_safe_yaml(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with initialize_config_dir(str(directory.resolve()), version_base=_HYDRA_VERSION_BASE):
-                cfg = compose(config_name=name, overrides=overrides)
+            with initialize_config_dir(str(primary.parent.resolve()), version_base=_HYDRA_VERSION_BASE):
+                cfg = compose(config_name=primary.stem, overrides=overrides)
     except yaml.MarkedYAMLError as error:  # in a sub-config: named by the mark, shown like the primary
         raise ConfigError(_describe_sub_config_yaml_error(primary, error)) from None
     except (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError) as error:

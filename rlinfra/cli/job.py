@@ -214,10 +214,8 @@ def _jobs_table(jobs: list[JobInfo]) -> Table:
     for column in ("ID", "STATUS", "STARTED", "ENTRYPOINT"):
         table.add_column(column, overflow="fold")
     for job in jobs:
-        started = (
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time_ms / 1000))
-            if job.start_time_ms
-            else "-"
-        )
+        started = "-"
+        if job.start_time_ms:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time_ms / 1000))
         table.add_row(job.id, job.status, started, job.entrypoint or "-")
     return table

@@ -26,8 +26,8 @@ from rlinfra.placement import (
     PlacementError,
     parse_cluster_config,
 )
-from rlinfra.placement.config import parse_nodes_spec
-from rlinfra.runtime.env import WorkerEnvs, driver_allowlist
+from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS, parse_nodes_spec
+from rlinfra.runtime.env import WorkerEnvs
 from rlinfra.views.layout_view import plan_job_layout
 from rlinfra.views.node_view import node_loads, overload_message, overloaded, parse_cpus
 from rlinfra.views.plan_view import (
@@ -38,7 +38,7 @@ from rlinfra.views.plan_view import (
     render_plan,
     save_map_svg,
 )
-from rlinfra.views.tables import make_console, plural
+from rlinfra.views.tables import make_console
 
 DOES_NOT_FIT = 1  # the plan is valid but some node cannot hold what it reserves
 DEFAULT_ACCELERATORS = 8
@@ -137,16 +137,13 @@ def _node_cpus(cpus: str | None, placement: ComponentPlacement) -> list[int] | N
     if cpus is not None:
         return parse_cpus(cpus, config.num_nodes)
     if config.simulate is not None:
-        return [config.simulate_cpus] * config.num_nodes
+        return [config.simulate_cpus or DEFAULT_SIMULATED_CPUS] * config.num_nodes
     return None
 
 
 def _show_env(placement: ComponentPlacement, component: str, rank: int, as_json: bool) -> None:
     """The environment of ``component``'s rank ``rank``, as ``WorkerGroup.launch`` composes it."""
-    if component not in placement.components:
-        names = ", ".join(repr(name) for name in placement.components)
-        raise PlacementError(f"unknown component {component!r}", where="--env", expected=f"one of {names}")
-    records = placement.get_placements(component)
+    records = placement.get_placements(component, where="--env")
     if rank >= len(records):
         raise PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank")
     record = records[rank]
@@ -154,7 +151,7 @@ def _show_env(placement: ComponentPlacement, component: str, rank: int, as_json:
         placement.cluster_spec,
         component_env=placement.get_env_vars(component),
         component=component,
-        allowlist=driver_allowlist(placement.config.env_allowlist),
+        env_allowlist=placement.config.env_allowlist,
     )
     resolved = envs.of(record)
     secrets = placement.config.secrets
@@ -168,16 +165,7 @@ def accelerator_counts(config: ClusterConfig, nodes: str | None, notes: Console)
     """Accelerators per node from ``--nodes``, else ``cluster.simulate``, else RLinf's
     ``cluster.num_gpus_per_node``, else a stated default."""
     if nodes is not None:
-        counts = parse_nodes_spec(nodes, "--nodes")
-        if len(counts) != config.num_nodes:
-            # A size mismatch is almost always a wrong file or a typo, so say which numbers disagree.
-            raise PlacementError(
-                f"{plural(len(counts), 'node')} given, but cluster.num_nodes is {config.num_nodes}",
-                where="--nodes",
-                expected=f"exactly {plural(config.num_nodes, 'node')}, e.g. '{config.num_nodes}x8', "
-                "or change cluster.num_nodes",
-            )
-        return counts
+        return parse_nodes_spec(nodes, "--nodes", config.num_nodes)
     if config.simulate is not None:
         return list(config.simulate)
     if config.num_gpus_per_node is not None:

@@ -11,7 +11,7 @@ the ``jobs`` extra), for three things plain Ray leaves to the caller:
   address (and where it came from) and what to check, never a ``requests`` traceback.
 * **No secrets in runtime_env.** Ray records a job's runtime_env in plain text (job info,
   ``ray job list``, the dashboard, ``runtime_env_agent.log``). ``build_runtime_env`` and
-  ``JobsClient.submit`` refuse env vars that look like credentials (``looks_like_secret``);
+  ``JobsClient.submit`` refuse env vars that look like credentials (``credential_reason``);
   secrets go through rlinfra's secrets channel (``rlinfra.runtime.secrets``).
 
 Address: ``--address``, else ``cluster.address`` in the config, else ``RAY_API_SERVER_ADDRESS`` or
@@ -53,8 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinfra.placement.config_access import to_plain
-from rlinfra.placement.env_vars import URL_WITH_PASSWORD
-from rlinfra.placement.env_vars import credential_reason as looks_like_secret
+from rlinfra.placement.env_vars import URL_WITH_PASSWORD, credential_reason
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.ledger import resource_diff
 
@@ -82,27 +81,21 @@ class JobsError(RuntimeError):
 
 @dataclass(frozen=True)
 class JobInfo:
-    """One job as the Jobs API reports it. ``submission_id`` is None for jobs that were not
-    submitted (a driver that called ``ray.init`` itself); ``job_id`` is None until a submitted
-    job's driver starts. Times are Unix milliseconds."""
+    """One job as the Jobs API reports it. ``id`` is what ``status``/``logs``/``stop`` take: the
+    submission id, else the job id (a driver that called ``ray.init`` itself was not submitted).
+    Times are Unix milliseconds."""
 
-    submission_id: str | None
-    job_id: str | None
+    id: str
     status: str
     entrypoint: str
     message: str
     start_time_ms: int | None
 
-    @property
-    def id(self) -> str:
-        """The id to pass to ``status``/``logs``/``stop``: the submission id, else the job id."""
-        return self.submission_id or self.job_id or "?"
-
 
 def refuse_secrets(env_vars: Mapping[Any, Any], where: str) -> None:
     """Raise ``JobsError`` naming the first credential-looking variable (never its value)."""
     for name, value in env_vars.items():
-        reason = looks_like_secret(str(name), str(value))
+        reason = credential_reason(str(name), str(value))
         if reason:
             raise JobsError(f"{where} {name}: refused, {reason}. {SECRETS_HINT}.")
 
@@ -264,15 +257,15 @@ class JobsClient:
                     totals[name] = totals.get(name, 0.0) + float(amount)
         return totals
 
-    def require(self, expected: Mapping[str, float], at_least: bool = False) -> None:
+    def require(self, expected: Mapping[str, float]) -> None:
         """Raise ``JobsError`` with the diff unless the cluster's totals match ``expected``.
 
-        Exact by default, like ``Cluster.require``: a cluster with more GPUs than planned is as
-        likely a wrong cluster as one with fewer.
+        Exact, like ``Cluster.require``: a cluster with more GPUs than planned is as likely a
+        wrong cluster as one with fewer.
         """
         if not expected:
             return
-        diff = resource_diff(expected, self.cluster_resources(), at_least=at_least)
+        diff = resource_diff(expected, self.cluster_resources())
         if diff:
             raise JobsError(
                 f"the cluster at {self.address} does not have the resources this job requires; "
@@ -441,8 +434,7 @@ def _client_class() -> type:
 def _job_info(details: Any) -> JobInfo:
     status = getattr(details.status, "value", details.status)
     return JobInfo(
-        submission_id=details.submission_id,
-        job_id=details.job_id,
+        id=details.submission_id or details.job_id or "?",
         status=str(status),
         entrypoint=details.entrypoint or "",
         message=details.message or "",

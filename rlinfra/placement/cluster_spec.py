@@ -13,9 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlinfra.placement.config import MAX_ACCELERATORS_PER_NODE, ClusterConfig, parse_cluster_config
-from rlinfra.placement.config_access import as_mapping, require_int
-from rlinfra.placement.errors import PlacementError
+from rlinfra.placement.config import (
+    MAX_ACCELERATORS_PER_NODE,
+    ClusterConfig,
+    parse_cluster_config,
+    parse_nodes_spec,
+)
+from rlinfra.placement.config_access import require_int
+from rlinfra.placement.errors import PlacementError, plural
 from rlinfra.placement.node_groups import (
     DEFAULT_ACCELERATOR_TYPE,
     HardwareUnit,
@@ -53,12 +58,8 @@ class ClusterSpec:
         return cls.build(nodes, config)
 
     @classmethod
-    def build(cls, nodes: Sequence[NodeSpec], cluster_cfg: Any) -> ClusterSpec:
-        """A spec from known nodes (dry run or live Ray) plus the config's node groups (a raw
-        section without ``num_nodes`` is read as having one node per known node)."""
-        if not isinstance(cluster_cfg, ClusterConfig):
-            cluster_cfg = {"num_nodes": len(nodes), **as_mapping(cluster_cfg)}
-        config = parse_cluster_config(cluster_cfg)
+    def build(cls, nodes: Sequence[NodeSpec], config: ClusterConfig) -> ClusterSpec:
+        """A spec from known nodes (dry run or live Ray) plus the node groups of ``config``."""
         ordered = tuple(sorted(nodes, key=lambda node: node.rank))
         if [node.rank for node in ordered] != list(range(len(ordered))):
             raise PlacementError(
@@ -129,7 +130,7 @@ class ClusterSpec:
         kinds: Counter[str] = Counter()
         for node in self.nodes:
             kinds[node.accelerator_type] += node.num_accelerators
-        parts = [f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"]
+        parts = [plural(self.num_nodes, "node")]
         parts += [f"{count} {kind}" for kind, count in kinds.items() if count]
         for group in self.node_groups.values():
             if group.hardware_type and group.hardware:
@@ -138,23 +139,16 @@ class ClusterSpec:
 
 
 def _accelerator_counts(per_node: int | Sequence[int], num_nodes: int) -> list[int]:
-    where, most = "accelerators per node", MAX_ACCELERATORS_PER_NODE
+    where = "accelerators per node"
     if isinstance(per_node, int) and not isinstance(per_node, bool):
-        return [require_int(per_node, where, maximum=most)] * num_nodes
+        return [require_int(per_node, where, maximum=MAX_ACCELERATORS_PER_NODE)] * num_nodes
     if not isinstance(per_node, (list, tuple)):
         raise PlacementError(
             f"expected an int or a list of ints, got {per_node!r}",
             where=where,
             expected="one int for all nodes, or one count per node",
         )
-    counts = [require_int(count, where, maximum=most) for count in per_node]
-    if len(counts) != num_nodes:
-        raise PlacementError(
-            f"{len(counts)} accelerator counts for {num_nodes} nodes",
-            where=where,
-            expected=f"one int for all nodes, or exactly {num_nodes} counts (cluster.num_nodes)",
-        )
-    return counts
+    return parse_nodes_spec(per_node, where, num_nodes)
 
 
 __all__ = ["ClusterSpec"]

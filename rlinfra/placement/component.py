@@ -64,14 +64,11 @@ class ComponentPlacement:
                 expected="a mapping such as {actor: '0-7'}",
             )
         self._strategies: dict[str, PlacementStrategy] = {}
-        self._entries: dict[str, ComponentConfig] = {}
         with gc_paused():
             for entry in self.config.components:
                 strategy = self._resolve(entry)
                 self._check_constraints(strategy, strategy.get_placement(self.cluster_spec), entry.key)
-                for name in entry.names:
-                    self._strategies[name] = strategy
-                    self._entries[name] = entry
+                self._strategies.update(dict.fromkeys(entry.names, strategy))
 
     def _parse(self, section: Any, cluster: Any) -> ClusterConfig:
         """``section`` parsed, with the cluster's node count when it gives none. A live ``Cluster``
@@ -103,25 +100,18 @@ class ComponentPlacement:
     def get_world_size(self, name: str) -> int:
         return self.get_strategy(name).world_size
 
-    def get_placements(self, name: str, isolate_accelerator: bool = True) -> list[Placement]:
-        """Shortcut for ``get_strategy(name).get_placement(cluster, isolate_accelerator)``."""
-        return self.get_strategy(name).get_placement(self.cluster_spec, isolate_accelerator)
-
-    def get_node_groups(self, name: str) -> tuple[str, ...]:
-        return self.get_strategy(name).node_groups
-
-    def get_placement_text(self, name: str) -> str:
-        """The placement string as the user wrote it (normalised to a string)."""
-        return self._entries[self._known(name)].placement
+    def get_placements(
+        self, name: str, isolate_accelerator: bool = True, *, where: str = "ComponentPlacement"
+    ) -> list[Placement]:
+        """Shortcut for ``get_strategy(name).get_placement(cluster, isolate_accelerator)``; an
+        unknown ``name`` is an error attributed to ``where``."""
+        strategy = self._strategies[self._known(name, where)]
+        return strategy.get_placement(self.cluster_spec, isolate_accelerator)
 
     def get_hardware_ranks(self, name: str) -> list[int]:
         """The resource ranks the component uses, ascending, each once (RLinf's name)."""
         placements = self.get_placements(name)
         return sorted({rank for placement in placements for rank in placement.hardware_ranks})
-
-    def get_num_cpus(self, name: str) -> float | None:
-        """The component's ``num_cpus`` per process, or None for the default rule."""
-        return self.get_strategy(name).num_cpus
 
     def get_env_vars(self, name: str) -> EnvVars:
         """The component's own ``env_vars`` (its node groups' ``env_configs`` are separate)."""
@@ -137,11 +127,11 @@ class ComponentPlacement:
         """Each node group's constraints, by label."""
         return {label: group.constraints for label, group in self.cluster_spec.node_groups.items()}
 
-    def _known(self, name: str) -> str:
+    def _known(self, name: str, where: str = "ComponentPlacement") -> str:
         if name not in self._strategies:
             raise PlacementError(
                 f"unknown component {name!r}",
-                where="ComponentPlacement",
+                where=where,
                 expected="one of " + ", ".join(repr(c) for c in self._strategies),
             )
         return name

@@ -40,7 +40,7 @@ from rlinfra.placement.config_access import (
 )
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
 from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
-from rlinfra.placement.errors import PlacementError, Span
+from rlinfra.placement.errors import PlacementError, Span, plural
 from rlinfra.placement.grammar import bounded_int, comma_parts
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, parse_node_groups
 from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
@@ -93,7 +93,9 @@ class ComponentConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     """The whole ``cluster`` section, checked. ``simulate`` holds accelerators per simulated node;
-    ``simulate_resources``/``simulate_labels`` one mapping per simulated node."""
+    ``simulate_resources``/``simulate_labels`` one mapping per simulated node. A ``simulate_*``
+    key not written is None (``simulate_cpus``: ``DEFAULT_SIMULATED_CPUS`` where a simulated
+    cluster is started or planned), so a written one that cannot be honoured can be refused."""
 
     num_nodes: int
     num_gpus_per_node: int | None = None
@@ -101,7 +103,7 @@ class ClusterConfig:
     node_groups: tuple[NodeGroup, ...] = ()
     address: str | None = None
     simulate: tuple[int, ...] | None = None
-    simulate_cpus: int = DEFAULT_SIMULATED_CPUS
+    simulate_cpus: int | None = None
     simulate_object_store_mib: int | None = None
     simulate_resources: tuple[Mapping[str, float], ...] | None = None
     simulate_labels: tuple[Mapping[str, str], ...] | None = None
@@ -109,10 +111,6 @@ class ClusterConfig:
     secrets: tuple[SecretSpec, ...] = ()
     env_allowlist: tuple[str, ...] = ()
     profiling: ProfilingConfig | None = None
-
-    def component(self, name: str) -> ComponentConfig | None:
-        """The entry that places ``name``, if any."""
-        return next((entry for entry in self.components if name in entry.names), None)
 
 
 # The section's keys: ClusterConfig's fields as the YAML spells them (``components`` is read from
@@ -147,9 +145,9 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
             raw.get("component_placement"), num_nodes, f"{where}.component_placement"
         ),
         node_groups=parse_node_groups(raw.get("node_groups"), num_nodes, f"{where}.node_groups"),
-        address=_optional_str(raw.get("address"), f"{where}.address"),
+        address=None if raw.get("address") is None else require_str(raw["address"], f"{where}.address"),
         simulate=simulate,
-        simulate_cpus=_simulated(raw, "simulate_cpus", simulate, 1, where) or DEFAULT_SIMULATED_CPUS,
+        simulate_cpus=_simulated(raw, "simulate_cpus", simulate, 1, where),
         simulate_object_store_mib=_simulated(raw, "simulate_object_store_mib", simulate, 64, where),
         simulate_resources=_per_node(raw, "simulate_resources", simulate, where),
         simulate_labels=_per_node(raw, "simulate_labels", simulate, where),
@@ -236,10 +234,11 @@ def _placement_text(value: Any, where: str) -> str:
 # ------------------------------------------------------------------------------- the other keys
 
 
-def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:
-    """Accelerators per node from ``'NxG'`` (N nodes with G each) or ``'8,8,4,0'`` (one per node).
+def parse_nodes_spec(spec: Any, where: str = "--nodes", num_nodes: int | None = None) -> list[int]:
+    """Accelerators per node from ``'NxG'`` (N nodes with G each) or ``'8,8,4,0'`` (one per node),
+    or a YAML list of counts; with ``num_nodes``, for exactly that many nodes (cluster.num_nodes).
 
-    Also accepts a YAML list of counts. Shared by ``rlinfra plan --nodes`` and ``cluster.simulate``.
+    Shared by ``rlinfra plan --nodes``, ``cluster.simulate`` and ``ClusterSpec.from_config``.
     """
     expected = "'NxG' (N nodes with G accelerators each, e.g. '2x8') or per-node counts like '8,8,4,0'"
     if isinstance(spec, (list, tuple)):
@@ -259,6 +258,14 @@ def parse_nodes_spec(spec: Any, where: str = "--nodes") -> list[int]:
                 where=where,
                 expected=f"at most {MAX_ACCELERATORS_PER_NODE:,} accelerators per node",
             )
+    if num_nodes is not None and len(counts) != num_nodes:
+        # A size mismatch is almost always a wrong file or a typo, so say which numbers disagree.
+        raise PlacementError(
+            f"{plural(len(counts), 'node')} given, but cluster.num_nodes is {num_nodes}",
+            where=where,
+            expected=f"exactly {plural(num_nodes, 'node')}, e.g. '{num_nodes}x8', "
+            "or change cluster.num_nodes",
+        )
     return counts
 
 
@@ -288,17 +295,7 @@ def _counts_from_text(text: str, where: str, expected: str) -> list[int]:
 
 
 def _simulate(value: Any, num_nodes: int, where: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    counts = parse_nodes_spec(value, f"{where}.simulate")
-    if len(counts) != num_nodes:
-        raise PlacementError(
-            f"{len(counts)} node{'' if len(counts) == 1 else 's'} given, "
-            f"but cluster.num_nodes is {num_nodes}",
-            where=f"{where}.simulate",
-            expected=f"exactly {num_nodes} nodes, e.g. '{num_nodes}x8', or change cluster.num_nodes",
-        )
-    return tuple(counts)
+    return None if value is None else tuple(parse_nodes_spec(value, f"{where}.simulate", num_nodes))
 
 
 def _per_node(
@@ -359,10 +356,6 @@ def _simulate_setting(raw: Mapping[str, Any], key: str, simulate: Any, where: st
             "only used with cluster.simulate", where=f"{where}.{key}", expected="cluster.simulate as well"
         )
     return value
-
-
-def _optional_str(value: Any, where: str) -> str | None:
-    return None if value is None else require_str(value, where)
 
 
 def _allowlist(value: Any, where: str) -> tuple[str, ...]:

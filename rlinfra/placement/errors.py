@@ -8,6 +8,7 @@ or config path), *what* (the offending text, with a caret line under it when it 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, replace
 from itertools import groupby
 
@@ -59,15 +60,24 @@ class PlacementError(ValueError):
         return replace(self, where=where)
 
 
-def short_ranks(ranks: list[int] | tuple[int, ...], limit: int = 6) -> str:
-    """Render a rank list compactly (``0-7,9``), cut short on big clusters."""
+def plural(count: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def rank_runs(ranks: Sequence[int]) -> list[list[int]]:
+    """Consecutive ranks as runs: ``[0, 1, 2, 5]`` → ``[[0, 1, 2], [5]]``."""
+    # Consecutive ranks share ``rank - index``: each group is one run.
+    grouped = groupby(enumerate(ranks), key=lambda pair: pair[1] - pair[0])
+    return [[rank for _, rank in run] for _, run in grouped]
+
+
+def short_ranks(ranks: Sequence[int], limit: int = 6, unit: str = "in all") -> str:
+    """Render a rank list compactly (``0-7,9``): its first ``limit`` runs, then the count
+    (``,… (40 in all)``) when there are more, as on big clusters."""
     if not ranks:
         return "(none)"
-    parts = []
-    # Consecutive ranks share ``rank - index``: each group is one run.
-    for _, run in groupby(enumerate(ranks), key=lambda pair: pair[1] - pair[0]):
-        members = [rank for _, rank in run]
-        parts.append(f"{members[0]}-{members[-1]}" if len(members) > 1 else str(members[0]))
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in rank_runs(ranks)]
     if len(parts) > limit:
-        return ",".join(parts[:limit]) + f",… ({len(ranks)} in all)"
+        return ",".join(parts[:limit]) + f",… ({len(ranks)} {unit})"
     return ",".join(parts)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlinfra.placement.errors import PlacementError, short_ranks
+from rlinfra.placement.errors import PlacementError, plural, short_ranks
 from rlinfra.placement.node_groups import NODE_KIND, NodeGroup, NodeSpec
 
 
@@ -135,9 +135,8 @@ def build_pool(nodes: Sequence[NodeSpec], groups: Sequence[NodeGroup], as_nodes:
         local_of.extend(group_locals)
         group_of.extend([group.label] * len(group_nodes))
         kind_of.extend([kind] * len(group_nodes))
-        count = len(group_nodes)
         described.append(
-            f"node group {group.label!r} has {count} {kind}{'' if count == 1 else 's'} "
+            f"node group {group.label!r} has {plural(len(group_nodes), kind)} "
             f"on nodes {short_ranks(group.node_ranks)}"
         )
     description = "; ".join(described)

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from rlinfra.placement.cluster_spec import ClusterSpec
-from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS, ClusterConfig, parse_cluster_config
+from rlinfra.placement.config import ClusterConfig, parse_cluster_config
 from rlinfra.placement.config_access import as_mapping
 from rlinfra.placement.node_groups import NodeSpec
 from rlinfra.runtime.deadline import Deadline, poll
@@ -49,12 +49,11 @@ class Cluster:
     def __init__(self, cluster_cfg: Any = None, **overrides: Any) -> None:
         section = as_mapping(cluster_cfg if cluster_cfg is not None else {"num_nodes": 1})
         section.update({key: value for key, value in overrides.items() if value is not None})
-        self.config: ClusterConfig = parse_cluster_config(section)
+        self.config = config = parse_cluster_config(section)
         self.section: dict[str, Any] = copy.deepcopy(section)
-        self.num_nodes = self.config.num_nodes
+        self.num_nodes = config.num_nodes
         self._embedded: EmbeddedRay | None = None
         self._connected_here = False
-        config = self.config
         address = config.address or os.environ.get("RAY_ADDRESS")
         if ray.is_initialized():
             pass  # the caller's Ray: use it, never stop it
@@ -118,9 +117,6 @@ class Cluster:
     def node(self, rank: int) -> RayNode:
         return self.nodes[rank]
 
-    def node_rank_of(self, node_id: str) -> int | None:
-        return next((node.rank for node in self.nodes if node.node_id == node_id), None)
-
     def kill_node(self, rank: int) -> None:
         """Rehearse a crash: kill simulated node ``rank`` and everything on it at once. Only a
         cluster that started its own simulated Ray has nodes to kill."""
@@ -155,9 +151,6 @@ class Cluster:
         if diff:
             raise ClusterError("Ray's resources differ from what this job requires:\n" + diff)
 
-    def describe(self) -> str:
-        return self.spec.describe()
-
     def shutdown(self) -> None:
         """Stop what this object started (an embedded Ray, or its own connection); nothing else."""
         if self._embedded is not None:
@@ -185,7 +178,7 @@ class Cluster:
 
 def _refuse_simulated_only(config: ClusterConfig) -> None:
     """Settings that only shape a simulated cluster cannot shape one that exists: refused."""
-    written = [name for name in SIMULATED_ONLY if getattr(config, name) not in (None, DEFAULT_SIMULATED_CPUS)]
+    written = [name for name in SIMULATED_ONLY if getattr(config, name) is not None]
     if written:
         raise ClusterError(
             f"cluster.{written[0]} shapes a simulated cluster, but RAY_ADDRESS names an existing one; "

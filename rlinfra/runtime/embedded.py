@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray._private import ray_constants
 from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
-from rlinfra.placement.config import ClusterConfig
+from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS, ClusterConfig
 from rlinfra.runtime.discovery import NODE_RANK_LABEL
 from rlinfra.runtime.errors import ClusterError
 
@@ -81,20 +82,14 @@ def _reload_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+@dataclass
 class EmbeddedRay:
     """A Ray instance this process started, and knows how to stop."""
 
-    def __init__(
-        self,
-        local_only: LocalOnly,
-        simulated: Any | None,
-        node_args: Sequence[dict[str, Any]] = (),
-        nodes: Sequence[Any] = (),
-    ) -> None:
-        self._local_only = local_only
-        self._simulated = simulated
-        self._node_args = list(node_args)  # per node rank: what its raylet was started with
-        self._nodes = dict(enumerate(nodes))  # node rank -> its ``ray._private.node.Node`` (head: 0)
+    _local_only: LocalOnly
+    _simulated: Any = None  # the ``ray.cluster_utils.Cluster`` of a simulated Ray
+    _node_args: list[dict[str, Any]] = field(default_factory=list)  # per node rank: its raylet's arguments
+    _nodes: dict[int, Any] = field(default_factory=dict)  # node rank -> its ``ray._private.node.Node``
 
     @classmethod
     def start_local(cls) -> EmbeddedRay:
@@ -104,7 +99,7 @@ class EmbeddedRay:
         except BaseException:
             local_only.close()
             raise
-        return cls(local_only, None)
+        return cls(local_only)
 
     @classmethod
     def start_simulated(cls, config: ClusterConfig) -> EmbeddedRay:
@@ -121,7 +116,7 @@ class EmbeddedRay:
         store = {"object_store_memory": store_mib * 2**20} if store_mib else {}
         node_args: list[dict[str, Any]] = [
             {
-                "num_cpus": config.simulate_cpus,
+                "num_cpus": config.simulate_cpus or DEFAULT_SIMULATED_CPUS,
                 "num_gpus": count,
                 "resources": dict(resources[rank]),
                 "labels": {**{str(k): str(v) for k, v in labels[rank].items()}, NODE_RANK_LABEL: str(rank)},
@@ -141,7 +136,7 @@ class EmbeddedRay:
                 simulated.shutdown()
             local_only.close()
             raise
-        return cls(local_only, simulated, node_args, nodes)
+        return cls(local_only, simulated, node_args, dict(enumerate(nodes)))
 
     def kill_node(self, rank: int) -> None:
         """Kill simulated node ``rank``'s raylet and everything on it without a graceful shutdown,

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlinfra.placement import CLUSTER_GROUP, NODE_GROUP, ClusterSpec, ComponentPlacement
+from rlinfra.placement import CLUSTER_GROUP, NODE_GROUP, ClusterSpec, ComponentPlacement, HardwareUnit
 from rlinfra.placement.node_groups import NODE_KIND
 
 # component name -> its process ranks on one slot, ascending
 Occupants = dict[str, list[int]]
-
-
-@dataclass(frozen=True)
-class HardwareSlot:
-    """One custom hardware unit of a node, e.g. the node's second robot."""
-
-    group: str
-    type: str
-    index: int
 
 
 @dataclass
@@ -34,7 +25,7 @@ class NodeRow:
     groups: list[str]
     accelerators: list[Occupants]
     whole_node: Occupants = field(default_factory=dict)
-    hardware: dict[HardwareSlot, Occupants] = field(default_factory=dict)
+    hardware: dict[HardwareUnit, Occupants] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,10 +59,8 @@ def build_device_map(
                 for device in record.local_hardware_ranks:
                     row.accelerators[device].setdefault(name, []).append(record.rank)
             else:
-                unit = HardwareSlot(
-                    record.node_group_label, record.hardware_type, record.local_hardware_ranks[0]
-                )
-                row.hardware.setdefault(unit, {}).setdefault(name, []).append(record.rank)
+                for unit in spec.hardware_units(record):
+                    row.hardware.setdefault(unit, {}).setdefault(name, []).append(record.rank)
     accelerated = [node for node in nodes if node.num_accelerators]
     return DeviceMap(
         rows=rows,
@@ -94,5 +83,5 @@ def _empty_rows(spec: ClusterSpec, shown: int) -> list[NodeRow]:
                 rows[rank].groups.append(group.label)
         for unit in group.hardware:
             if unit.node_rank < shown:
-                rows[unit.node_rank].hardware[HardwareSlot(group.label, unit.type, unit.index)] = {}
+                rows[unit.node_rank].hardware[unit] = {}
     return rows

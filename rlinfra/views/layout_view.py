@@ -11,6 +11,7 @@ job: one row per component (devices summarised per node), relations among the fi
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from itertools import combinations
 from math import comb
 from typing import Any
@@ -19,11 +20,11 @@ from rich.table import Table
 from rich.text import Text
 
 from rlinfra.placement import ComponentPlacement, PlacementError
-from rlinfra.placement.errors import short_ranks
+from rlinfra.placement.errors import plural, short_ranks
 from rlinfra.placement.node_groups import NODE_KIND
 from rlinfra.placement.record import VISIBILITY_ENV
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
-from rlinfra.views.tables import amounts, number, plural, titled_table
+from rlinfra.views.tables import amounts, number, titled_table
 
 LAYOUT_ROWS = 32  # components shown in the layout table without --all
 RELATION_COMPONENTS = 12  # relations are listed among this many components without --all
@@ -36,7 +37,7 @@ def plan_job_layout(placement: ComponentPlacement) -> LayoutPlan:
     a ``PlacementError`` when the placements cannot be reserved so (e.g. a fraction above 1)."""
     placements = {name: placement.get_placements(name) for name in placement.components}
     constraints = {name: placement.get_process_constraints(name) for name in placement.components}
-    cpus = {name: placement.get_num_cpus(name) for name in placement.components}
+    cpus = {name: placement.get_strategy(name).num_cpus for name in placement.components}
     try:
         return plan_layout(placements, cpus, constraints=constraints)
     except ValueError as error:
@@ -58,7 +59,7 @@ def layout_to_dict(layout: LayoutPlan, placement: ComponentPlacement) -> dict[st
         "components": {
             name: {
                 "slices": [list(run) for run in layout.slices(name)],
-                "reservations": [_reservation_dict(row) for row in layout.reservations[name]],
+                "reservations": [asdict(row) for row in layout.reservations[name]],
             }
             for name in placement.components
         },
@@ -66,15 +67,6 @@ def layout_to_dict(layout: LayoutPlan, placement: ComponentPlacement) -> dict[st
             {"a": first, "b": second, "relation": layout.relation(first, second)}
             for first, second in combinations(placement.components, 2)
         ],
-    }
-
-
-def _reservation_dict(row: ActorReservation) -> dict[str, Any]:
-    return {
-        "bundle_index": row.bundle_index,
-        "num_cpus": row.num_cpus,
-        "num_gpus": row.num_gpus,
-        "resources": dict(row.resources),
     }
 
 
@@ -96,7 +88,7 @@ def layout_table(
         kind = placement.get_placements(name)[0].hardware_type
         table.add_row(
             Text(name, style=colors[name]),
-            format_slices(layout.slices(name)),
+            short_ranks(layout.bundle_indices(name), limit=4, unit="bundles"),
             devices_text(layout, layout.bundle_indices(name), kind),
             reservations_text(layout.reservations[name]),
         )
@@ -107,10 +99,9 @@ def layout_table(
 
 def _caption(layout: LayoutPlan, placement: ComponentPlacement) -> str:
     """What the placement group reserves in all, and which hardware Ray does not know about."""
-    totals: dict[str, float] = {}
+    totals: Counter[str] = Counter()
     for bundle in layout.bundles:
-        for name, amount in bundle.items():
-            totals[name] = totals.get(name, 0.0) + amount
+        totals.update(bundle)
     caption = f"reserves {amounts(totals)} on {plural(len(set(layout.bundle_nodes)), 'node')}"
     custom = sorted(
         {placement.get_placements(name)[0].hardware_type for name in placement.components}
@@ -123,14 +114,6 @@ def _caption(layout: LayoutPlan, placement: ComponentPlacement) -> str:
             "advertises a resource of that name)"
         )
     return caption
-
-
-def format_slices(slices: list[tuple[int, int]], limit: int = 4) -> str:
-    """Runs of bundle indices: ``0-7``, ``0-3,8-11``; the first runs and a count when there are many."""
-    parts = [str(offset) if length == 1 else f"{offset}-{offset + length - 1}" for offset, length in slices]
-    if len(parts) <= limit:
-        return ",".join(parts)
-    return ",".join(parts[:limit]) + f",… ({sum(length for _, length in slices)} bundles)"
 
 
 def devices_text(layout: LayoutPlan, indices: list[int], kind: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
-from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +18,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rlinfra.placement import ClusterSpec, ComponentPlacement, Placement
-from rlinfra.placement.errors import short_ranks
+from rlinfra.placement import ClusterSpec, ComponentConfig, ComponentPlacement, Placement
+from rlinfra.placement.errors import rank_runs, short_ranks
 from rlinfra.views.device_map import DeviceMap, NodeRow, Occupants, build_device_map
 from rlinfra.views.layout_view import layout_table, layout_to_dict, relations_text
 from rlinfra.views.node_view import NodeLoad, nodes_table, nodes_to_dict
@@ -64,11 +63,8 @@ def component_colors(names: Sequence[str]) -> dict[str, str]:
 
 def format_ranks(ranks: Sequence[int]) -> str:
     """Ranks as runs (``0-100``), two neighbours as ``0,1``; a count once there are more than two."""
-    parts: list[str] = []
-    # Consecutive ranks keep the same difference to their index (the itertools recipe for runs).
-    for _, pairs in groupby(enumerate(ranks), key=lambda pair: pair[1] - pair[0]):
-        run = [rank for _, rank in pairs]
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+    runs = rank_runs(ranks)
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs]
     text = ",".join(parts[:3]) + (",…" if len(parts) > 3 else "")
     return text if len(ranks) <= 2 else f"{text} ({len(ranks)})"
 
@@ -82,11 +78,12 @@ def plan_to_dict(
         "components": {
             name: {
                 "world_size": placement.get_world_size(name),
-                "node_groups": list(placement.get_node_groups(name)),
-                "placement": placement.get_placement_text(name),
+                "node_groups": list(entry.node_groups),
+                "placement": entry.placement,
                 "placements": [record.to_dict() for record in placement.get_placements(name)],
             }
-            for name in placement.components
+            for entry in placement.config.components
+            for name in entry.names
         },
         "layout": layout_to_dict(layout, placement),
         "nodes": nodes_to_dict(loads),
@@ -120,20 +117,18 @@ def render_plan(
     """Header, one table per strategy, the node × device map, the layout and relations, then what
     each node reserves."""
     colors = component_colors(placement.components)
+    sections = [
+        *(strategy_table(entry, placement, colors, show_all) for entry in placement.config.components),
+        _map(spec, placement, show_all),
+        layout_table(layout, placement, colors, show_all),
+        relations_text(layout, placement, colors, show_all),  # None for a single component
+        nodes_table(loads, show_all),
+    ]
     console.print(_cluster_line(spec))
-    for names in strategy_groups(placement):
-        console.print()
-        console.print(strategy_table(names, placement, colors, show_all))
-    console.print()
-    console.print(_map(spec, placement, show_all))
-    console.print()
-    console.print(layout_table(layout, placement, colors, show_all))
-    relations = relations_text(layout, placement, colors, show_all)
-    if relations is not None:
-        console.print()
-        console.print(relations)
-    console.print()
-    console.print(nodes_table(loads, show_all))
+    for section in sections:
+        if section is not None:
+            console.print()
+            console.print(section)
 
 
 def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
@@ -160,27 +155,19 @@ def _map(spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> Ta
     return map_table(device_map, component_colors(placement.components))
 
 
-def strategy_groups(placement: ComponentPlacement) -> list[list[str]]:
-    """Component names grouped by shared strategy (one config key), in config order."""
-    groups: dict[int, list[str]] = {}
-    for name in placement.components:
-        groups.setdefault(id(placement.get_strategy(name)), []).append(name)
-    return list(groups.values())
-
-
 def strategy_table(
-    names: list[str], placement: ComponentPlacement, colors: dict[str, str], show_all: bool
+    entry: ComponentConfig, placement: ComponentPlacement, colors: dict[str, str], show_all: bool
 ) -> Table:
-    """Every rank of one strategy (or its first and last ranks when it is big)."""
-    records = placement.get_placements(names[0])
-    title = Text(", ").join(Text(name, style=f"bold {colors[name]}") for name in names)
+    """Every rank of one config key's strategy (or its first and last ranks when it is big)."""
+    records = placement.get_placements(entry.names[0])
+    title = Text(", ").join(Text(name, style=f"bold {colors[name]}") for name in entry.names)
     kind = records[0].hardware_type
     owned = max(len(record.hardware_ranks) for record in records) if records[0].accelerator_type else 1
     # A process owning several accelerators is where a generation engine shards its model.
     sharded = f", {owned} per process: tensor_parallel_size={owned}" if owned > 1 else ""
     title.append(
-        f" · placement {placement.get_placement_text(names[0])!r} on "
-        f"{', '.join(placement.get_node_groups(names[0]))} · {len(records)} processes ({kind}{sharded})"
+        f" · placement {entry.placement!r} on {', '.join(entry.node_groups)} · "
+        f"{len(records)} processes ({kind}{sharded})"
     )
     indices = shown_indices(len(records), show_all)
     caption = None if len(indices) == len(records) else "--all shows every rank"

@@ -29,11 +29,6 @@ def titled_table(title: Text, caption: str | None = None, **options: Any) -> Tab
     )
 
 
-def plural(count: int, noun: str) -> str:
-    """``1 node``, ``2 nodes``."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
 def number(value: float) -> str:
     """``8000``, ``0.5``, ``0.3333`` (Ray's resource precision is 1e-4)."""
     return str(int(value)) if value == int(value) else f"{round(value, 4):g}"

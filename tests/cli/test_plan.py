@@ -122,6 +122,25 @@ def test_a_process_owning_several_gpus_shows_its_tensor_parallel_size(tmp_path: 
     assert "4 processes (GPU) " in words  # one device each: nothing to shard
 
 
+def test_the_map_shows_every_unit_a_process_drives(tmp_path: Path) -> None:
+    conf = write(
+        tmp_path,
+        """\
+cluster:
+  num_nodes: 1
+  component_placement:
+    env: {node_group: cams, placement: "0-1:0"}
+  node_groups:
+    - label: cams
+      node_ranks: 0
+      hardware: {type: cam, configs: [{node_rank: 0, serial: a}, {node_rank: 0, serial: b}]}
+""",
+    )
+    result = invoke(conf, "--nodes", "1x0")
+    assert result.exit_code == 0, result.output
+    assert "cam0: env 0" in result.stdout and "cam1: env 0" in result.stdout
+
+
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda path: path.stem)
 def test_every_example_plans(example: Path) -> None:
     assert invoke(example).exit_code == 0

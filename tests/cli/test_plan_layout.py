@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlinfra.cli.main import app
-from rlinfra.views.layout_view import format_slices, reservations_text
+from rlinfra.placement.errors import short_ranks
+from rlinfra.views.layout_view import reservations_text
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "placement"
 COLOCATED = EXAMPLES / "colocated.yaml"
@@ -315,17 +316,18 @@ def test_plan_does_not_import_ray() -> None:
 
 
 @pytest.mark.parametrize(
-    ("slices", "text"),
+    ("bundles", "text"),
     [
-        ([(0, 8)], "0-7"),
-        ([(5, 1)], "5"),
-        ([(0, 4), (8, 4)], "0-3,8-11"),
-        ([(8, 1), (17, 1)], "8,17"),
-        ([(0, 1), (2, 1), (4, 1), (6, 1), (8, 2)], "0,2,4,6,… (6 bundles)"),
+        (list(range(8)), "0-7"),
+        ([5], "5"),
+        ([0, 1, 2, 3, 8, 9, 10, 11], "0-3,8-11"),
+        ([8, 17], "8,17"),
+        ([0, 2, 4, 6, 8, 9], "0,2,4,6,… (6 bundles)"),
     ],
 )
-def test_format_slices(slices: list[tuple[int, int]], text: str) -> None:
-    assert format_slices(slices) == text
+def test_bundle_runs(bundles: list[int], text: str) -> None:
+    """The layout table's bundles cell: runs of bundle indices, the first four and a count."""
+    assert short_ranks(bundles, limit=4, unit="bundles") == text
 
 
 def test_reservations_text() -> None:

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from rlinfra.placement import (
     CLUSTER_GROUP,
     NODE_GROUP,
+    ClusterConfig,
     ClusterSpec,
     EnvConfig,
     HardwareUnit,
@@ -67,8 +68,8 @@ class TestNodes:
             ({"num_nodes": "2"}, 8, "cluster.num_nodes", "expected an integer"),
             ({"num_nodes": 10**12}, 8, "cluster.num_nodes", "too large"),
             ({"num_nodes": 2}, -1, "accelerators per node", "-1 is too small"),
-            ({"num_nodes": 2}, [8], "accelerators per node", "1 accelerator counts for 2 nodes"),
-            ({"num_nodes": 2}, [8, "8"], "accelerators per node", "expected an integer"),
+            ({"num_nodes": 2}, [8], "accelerators per node", "1 node given, but cluster.num_nodes is 2"),
+            ({"num_nodes": 2}, [8, "8"], "accelerators per node[1]", "expected an integer"),
             ({"num_nodes": 2}, None, "accelerators per node", "expected an int or a list"),
             ({"num_nodes": 2}, True, "accelerators per node", "expected an int or a list"),
         ],
@@ -86,10 +87,10 @@ class TestNodes:
         assert "expected a mapping, got list" in error.problem
 
     def test_build_sorts_nodes_and_rejects_gaps(self) -> None:
-        spec = ClusterSpec.build([NodeSpec(1, 4), NodeSpec(0, 8)], {})
+        spec = ClusterSpec.build([NodeSpec(1, 4), NodeSpec(0, 8)], ClusterConfig(num_nodes=2))
         assert [n.rank for n in spec.nodes] == [0, 1]
         with pytest.raises(PlacementError, match="without gaps"):
-            ClusterSpec.build([NodeSpec(0), NodeSpec(2)], {})
+            ClusterSpec.build([NodeSpec(0), NodeSpec(2)], ClusterConfig(num_nodes=2))
 
     def test_accepts_omegaconf(self) -> None:
         cfg = OmegaConf.create({"num_nodes": 2, "node_groups": [{"label": "a", "node_ranks": [1]}]})

@@ -79,6 +79,7 @@ class TestSeedExamples:
         placement = ComponentPlacement(cfg, ClusterSpec.from_config(cfg.cluster))
         assert placement.components == ["actor", "inference"]
         assert placement.get_strategy("actor") is placement.get_strategy("inference")
+        assert placement.config.components[0].placement == "0-7"
         for name in ("actor", "inference"):
             assert placement.get_world_size(name) == 8
             placements = placement.get_placements(name)
@@ -86,8 +87,7 @@ class TestSeedExamples:
             assert [tuple(p.hardware_ranks) for p in placements] == [(i,) for i in range(8)]
             assert [p.visible_devices for p in placements] == [str(i) for i in range(8)]
             assert {p.node_group_label for p in placements} == {"cluster"}
-            assert placement.get_placement_text(name) == "0-7"
-            assert placement.get_node_groups(name) == ("cluster",)
+            assert placement.get_strategy(name).node_groups == ("cluster",)
 
     @pytest.mark.parametrize("loader", [yaml.safe_load, OmegaConf.create])
     def test_heterogeneous_node_groups(self, loader: Any) -> None:
@@ -134,7 +134,7 @@ class TestSeedExamples:
             for name in placement.components
         }
         assert labels == {"actor": {"a800"}, "rollout": {"4090"}, "env": {"robot"}, "agent": {"node"}}
-        assert placement.get_node_groups("rollout") == ("4090",)
+        assert placement.get_strategy("rollout").node_groups == ("4090",)
 
     def test_mixed_explicit_and_implicit_process_ranks(self) -> None:
         placement = plan({"actor": "0-1:0-3,3-5,7-10:7-14"}, [8, 8])
@@ -296,7 +296,7 @@ class TestShapes:
     def test_int_placement_from_yaml(self) -> None:
         cfg = yaml.safe_load("cluster:\n  num_nodes: 1\n  component_placement:\n    a: 3\n")
         placement = ComponentPlacement(cfg, ClusterSpec.from_config(cfg["cluster"]))
-        assert placement.get_placement_text("a") == "3"
+        assert placement.config.components[0].placement == "3"
         assert [tuple(p.hardware_ranks) for p in placement.get_placements("a")] == [(3,)]
 
     def test_nodes_spread_evenly_first_nodes_get_the_extra(self) -> None:
@@ -327,7 +327,7 @@ class TestNodeGroupSelection:
         assert [tuple(p.hardware_ranks) for p in x] == [(i,) for i in range(32)]
         y = placement.get_placements("y")
         assert [p.cluster_node_rank for p in y] == [0] * 8 + [1] * 8 + [2] * 8 + [3] * 8
-        assert placement.get_node_groups("x") == ("b", "a")
+        assert placement.get_strategy("x").node_groups == ("b", "a")
 
     def test_resource_numbering_crosses_the_group_boundary(self) -> None:
         placement = plan(
@@ -362,7 +362,7 @@ cluster:
         cfg = loader(text)
         placement = ComponentPlacement(cfg, ClusterSpec.from_config(cfg["cluster"], 2))
         assert where(placement.get_placements("x")) == [(2, (0, 1)), (3, (0, 1))]
-        assert placement.get_node_groups("x") == ("b", "a")
+        assert placement.get_strategy("x").node_groups == ("b", "a")
         assert where(placement.get_placements("y")) == [(0, (0,)), (0, (1,))]
 
     def test_numeric_node_group_scalar(self) -> None:
@@ -443,7 +443,7 @@ class TestApi:
 
     def test_unknown_component(self) -> None:
         placement = plan({"actor": "0"})
-        for call in (placement.get_strategy, placement.get_world_size, placement.get_placement_text):
+        for call in (placement.get_strategy, placement.get_world_size, placement.get_placements):
             with pytest.raises(PlacementError, match="unknown component 'critic'") as info:
                 call("critic")
             assert "'actor'" in info.value.expected
@@ -474,7 +474,7 @@ class TestApi:
         )
         placement = ComponentPlacement(cfg, ClusterSpec.from_config(cfg.cluster))
         assert placement.cluster_spec.num_nodes == 2
-        assert placement.get_placement_text("a") == "0-3"
+        assert placement.config.components[0].placement == "0-3"
         assert placement.get_world_size("a") == 4
 
     def test_same_config_same_plan(self) -> None:

@@ -80,10 +80,15 @@ class TestUnknownKeys:
         )
         assert config.simulate == (2, 2) and config.simulate_cpus == 8
         assert config.simulate_resources == ({"nvlink_domain_0": 2}, {})
-        assert config.component("a") is not None and config.component("a").num_cpus == 2.0
+        assert config.components[0].names == ("a",) and config.components[0].num_cpus == 2.0
         assert [spec.name for spec in config.secrets] == ["HF_TOKEN"]
         assert config.env_allowlist == ("WANDB_*",)
         assert config.profiling is not None and config.profiling.backend == "nsight"
+
+    def test_an_unwritten_simulate_size_stays_unset(self) -> None:
+        """So that a written one (even the default's value) can be refused where it cannot be honoured."""
+        assert parsed(simulate="2x2").simulate_cpus is None
+        assert parsed(simulate="2x2", simulate_cpus=16).simulate_cpus == 16
 
     @pytest.mark.parametrize(
         ("section", "problem"),

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import rlinfra
-from rlinfra.placement import ClusterSpec, ComponentPlacement, NodeSpec, PlacementError
+from rlinfra.placement import ClusterSpec, ComponentPlacement, NodeSpec, PlacementError, parse_cluster_config
 from rlinfra.placement.errors import Span, short_ranks
 from rlinfra.placement.mapping import MAX_PROCESSES
 
@@ -255,7 +255,7 @@ class TestConfigErrors:
 
     def test_one_group_mixing_accelerator_types(self) -> None:
         nodes = [NodeSpec(0, 8, "GPU"), NodeSpec(1, 8, "NPU")]
-        cluster = {"component_placement": {"actor": "0"}}
+        cluster = parse_cluster_config({"num_nodes": 2, "component_placement": {"actor": "0"}})
         with pytest.raises(PlacementError) as info:
             ComponentPlacement({"cluster": cluster}, ClusterSpec.build(nodes, cluster))
         assert info.value.where == "component 'actor'"
