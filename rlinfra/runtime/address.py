@@ -8,25 +8,27 @@ its Ray actors the same way (``rollout:3``), so an address is also how to find a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import total_ordering
+from dataclasses import dataclass
 
 SEPARATOR = ":"
 
 
-@total_ordering
+@dataclass(frozen=True, order=True, init=False, repr=False)
 class WorkerAddress:
-    """The path to a worker: ``root_group_name`` and the ranks below it (``rank`` is the last)."""
+    """The path to a worker: ``root_group_name`` and the ranks below it (``rank`` is the last).
+    A value: equal, ordered and hashed by its path."""
 
-    __slots__ = ("rank_path", "root_group_name")
+    root_group_name: str
+    rank_path: tuple[int, ...]
 
     def __init__(self, root_group_name: str, ranks: int | Sequence[int] = ()) -> None:
         if not root_group_name or SEPARATOR in root_group_name:
             raise ValueError(f"a group name is non-empty and has no {SEPARATOR!r}: {root_group_name!r}")
-        path = [ranks] if isinstance(ranks, int) else list(ranks)
+        path = (ranks,) if isinstance(ranks, int) else tuple(ranks)
         if any(isinstance(rank, bool) or not isinstance(rank, int) or rank < 0 for rank in path):
             raise ValueError(f"ranks are non-negative ints, got {ranks!r}")
-        self.root_group_name = root_group_name
-        self.rank_path = path
+        object.__setattr__(self, "root_group_name", root_group_name)
+        object.__setattr__(self, "rank_path", path)
 
     @property
     def rank(self) -> int:
@@ -56,18 +58,6 @@ class WorkerAddress:
         if not all(rank.isdigit() for rank in ranks):
             raise ValueError(f"worker name {name!r}: expected 'group:rank', ranks as numbers")
         return cls(root, [int(rank) for rank in ranks])
-
-    def _key(self) -> tuple[str, tuple[int, ...]]:
-        return self.root_group_name, tuple(self.rank_path)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, WorkerAddress) and self._key() == other._key()
-
-    def __lt__(self, other: WorkerAddress) -> bool:
-        return self._key() < other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
 
     def __repr__(self) -> str:
         return f"WorkerAddress({self.get_name()!r})"

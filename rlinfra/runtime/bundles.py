@@ -54,7 +54,7 @@ class LayoutPlan:
     bundle_nodes: list[int]
     bundle_devices: list[tuple[int, ...]]
     reservations: dict[str, list[ActorReservation]]
-    bundle_labels: list[dict[str, str]] = field(default_factory=list)
+    bundle_labels: list[dict[str, str]]
 
     def per_node(self) -> dict[int, dict[str, float]]:
         """Total resources requested on each node (for 'what is missing where' messages)."""
@@ -90,21 +90,6 @@ Device = tuple[int, str, int]  # (node rank, hardware type, node-local index)
 BundleKey = tuple[int, int, str, tuple[int, ...]]  # (node rank, 0 devices | 1 node CPUs, kind, devices)
 
 
-class _DisjointSets:
-    def __init__(self) -> None:
-        self.parent: dict[Device, Device] = {}
-
-    def find(self, item: Device) -> Device:
-        self.parent.setdefault(item, item)
-        while self.parent[item] != item:
-            self.parent[item] = self.parent[self.parent[item]]
-            item = self.parent[item]
-        return item
-
-    def union(self, first: Device, second: Device) -> None:
-        self.parent[self.find(first)] = self.find(second)
-
-
 def plan_layout(
     placements: Mapping[str, Sequence[Placement]],
     num_cpus: float | Mapping[str, float | None] | None = None,
@@ -123,30 +108,24 @@ def plan_layout(
     """
     node_resources = node_resources or {}
     constraints = constraints or {}
-    cpus = {name: num_cpus.get(name) if isinstance(num_cpus, Mapping) else num_cpus for name in placements}
 
-    sets = _DisjointSets()
-    users: dict[Device, int] = {}
-    node_users: dict[int, int] = {}
+    users: Counter[Device] = Counter()
+    node_users: Counter[int] = Counter()
+    bundled: dict[Device, frozenset[Device]] = {}  # each device → the devices of its bundle
     for component_placements in placements.values():
         for placement in component_placements:
             devices = devices_of(placement)
             if not devices:
-                node_users[placement.cluster_node_rank] = node_users.get(placement.cluster_node_rank, 0) + 1
-            for device in devices:
-                users[device] = users.get(device, 0) + 1
-                sets.union(device, devices[0])
+                node_users[placement.cluster_node_rank] += 1
+            users.update(devices)
+            # A process's devices share a bundle: with each other, and with those already bundled with them.
+            merged = frozenset(devices).union(*(bundled.get(device, ()) for device in devices))
+            bundled.update(dict.fromkeys(merged, merged))
 
     # Bundle keys: (node, 0, kind, devices) for device bundles, (node, 1, "node", ()) for the
     # node's CPU bundle; sorting them is the (node rank, device id) order.
-    members: dict[Device, list[Device]] = {}
-    for device in sorted(users):
-        members.setdefault(sets.find(device), []).append(device)
-    key_of_root: dict[Device, BundleKey] = {
-        root: (root[0], 0, root[1], tuple(index for _, _, index in group)) for root, group in members.items()
-    }
-    keys: set[BundleKey] = set(key_of_root.values()) | {(node, 1, NODE_KIND, ()) for node in node_users}
-    ordered = sorted(keys)
+    key_of = {device: _bundle_key(bundle) for device, bundle in bundled.items()}
+    ordered = sorted(set(key_of.values()) | {(node, 1, NODE_KIND, ()) for node in node_users})
     index_of = {key: index for index, key in enumerate(ordered)}
 
     bundles: list[dict[str, float]] = [{"CPU": 0.0} for _ in ordered]
@@ -155,6 +134,7 @@ def plan_layout(
     for name, component_placements in placements.items():
         rows = []
         per_rank = constraints.get(name)
+        given = num_cpus.get(name) if isinstance(num_cpus, Mapping) else num_cpus
         for rank, placement in enumerate(component_placements):
             node, kind = placement.cluster_node_rank, placement.hardware_type
             devices = devices_of(placement)
@@ -162,9 +142,8 @@ def plan_layout(
                 index = index_of[(node, 1, NODE_KIND, ())]
                 users_share = 1 / node_users[node]
             else:
-                index = index_of[key_of_root[sets.find(devices[0])]]
+                index = index_of[key_of[devices[0]]]
                 users_share = sum(1 / users[device] for device in devices)
-            given = cpus[name]
             cpu = reservable(users_share) if given is None else given
             bundles[index]["CPU"] = round(bundles[index]["CPU"] + cpu, 4)
             reserved = kind in VISIBILITY_ENV or kind in node_resources.get(node, {})
@@ -180,6 +159,11 @@ def plan_layout(
         bundle["CPU"] = max(bundle["CPU"], MIN_BUNDLE_CPU)
     nodes, bundle_devices = [key[0] for key in ordered], [key[3] for key in ordered]
     return LayoutPlan(bundles, nodes, bundle_devices, reservations, labels)
+
+
+def _bundle_key(bundle: frozenset[Device]) -> BundleKey:
+    node, kind, _ = min(bundle)  # one process's devices, and so a bundle's, are of one node and kind
+    return (node, 0, kind, tuple(sorted(index for _, _, index in bundle)))
 
 
 def reservable(share: float) -> float:
@@ -213,8 +197,6 @@ def _constrained(
                 f"component {component!r}: rank {rank} needs node label {key}={value}, but a process "
                 f"sharing its devices needs {key}={bundle_labels[key]}; no node carries both"
             )
-    if not constraints.resources:
-        return row
     resources = dict(row.resources)
     for name, amount in constraints.resources:
         resources[name] = round(resources.get(name, 0.0) + amount, 4)

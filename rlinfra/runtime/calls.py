@@ -13,10 +13,11 @@ import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
@@ -39,56 +40,49 @@ NODE_VERDICT_S = 3.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def describe_failure(error: BaseException) -> tuple[str, str]:
-    """``(one-line reason, remote traceback)`` for an exception raised by ``ray.get``."""
+def rank_failure(rank: int, node_rank: int | None, error: BaseException) -> RankFailure:
+    """What ``ray.get`` raising ``error`` for ``rank`` says: a one-line reason, the remote
+    traceback, and whether the worker is gone (its process died or became unreachable)."""
     text = _ANSI.sub("", str(error))
     if isinstance(error, RayTaskError):
         cause = error.cause if getattr(error, "cause", None) is not None else error
         reason = _ANSI.sub("", f"{type(cause).__name__}: {cause}").splitlines()[0]
-        return reason, text
+        return RankFailure(rank, node_rank, reason, text)
     if isinstance(error, ActorUnavailableError):
-        return "the worker became unreachable", text
+        return RankFailure(rank, node_rank, "the worker became unreachable", text, gone=True)
     if isinstance(error, RayActorError):
         if "creation task" in text:
             last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
-            return f"the worker's constructor raised {last.strip()}", text
-        return "the worker process died", text
-    return f"{type(error).__name__}: {text}".splitlines()[0], ""
+            return RankFailure(rank, node_rank, f"the worker's constructor raised {last.strip()}", text)
+        return RankFailure(rank, node_rank, "the worker process died", text, gone=True)
+    return RankFailure(rank, node_rank, f"{type(error).__name__}: {text}".splitlines()[0])
 
 
+@dataclass(eq=False, repr=False)
 class GroupCall:
-    """A pending fan-out over some ranks of a group; ``wait`` gathers it."""
+    """A pending fan-out over some ranks of a group; ``wait`` gathers it. ``gather`` combines the
+    results (a split call); ``label`` names the group in errors (a fused role: ``policy/actor``)."""
 
-    def __init__(
-        self,
-        group: WorkerGroup,
-        action: str,
-        refs: Sequence[ray.ObjectRef],
-        ranks: Sequence[int],
-        default_timeout: float,
-        gather: Callable[[list[Any]], Any] | None = None,
-        group_name: str | None = None,
-    ) -> None:
-        self._group = group
-        self.group_name = group_name or group.name  # a fused role's calls name the role
-        self.action = action
-        self.refs = list(refs)
-        self.ranks = list(ranks)
-        self._default_timeout = default_timeout
-        self._gather = gather
+    group: WorkerGroup
+    action: str
+    refs: list[ray.ObjectRef]
+    ranks: list[int]
+    default_timeout: float
+    gather: Callable[[list[Any]], Any] | None = None
+    label: str | None = None
+    issued: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.group_name = self.label or self.group.name
         self._rank_of = dict(zip(self.refs, self.ranks, strict=True))
         self._unreachable: set[int] = set()
-        self.issued = time.monotonic()
 
     def subset(self, ranks: Sequence[int]) -> GroupCall:
         """The same pending call, for ``ranks`` only (results in rank order, no gathering): e.g.
         to keep waiting for the ranks a ``WorkerGroupError`` reported as still running."""
         keep = set(ranks)
         refs = [ref for ref, rank in self._rank_of.items() if rank in keep]
-        chosen = [self._rank_of[ref] for ref in refs]
-        part = GroupCall(self._group, self.action, refs, chosen, self._default_timeout, None, self.group_name)
-        part.issued = self.issued
-        return part
+        return replace(self, refs=refs, ranks=[self._rank_of[ref] for ref in refs], gather=None)
 
     def wait(self, timeout: float | None = None, stuck_after: float | Default | None = DEFAULT) -> Any:
         """Results in rank order (or gathered, for a split call). Raises ``WorkerGroupError`` at
@@ -102,18 +96,15 @@ class GroupCall:
         their results ride on the error; ranks blocked for good (in a collective with the dead
         one) are reported as still running instead of being waited for.
         """
-        limit = self._default_timeout if timeout is None else timeout
+        limit = self.default_timeout if timeout is None else timeout
         deadline = Deadline.after(limit)
         pending = list(self.refs)
         results: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
-        stuck_after = self._group.stuck_after if isinstance(stuck_after, Default) else stuck_after
-        watch = None if stuck_after is None else StuckWatch(self._group, stuck_after, self.issued)
-        while pending and not failures:
-            left = deadline.left()
-            if left <= 0:
-                break
-            slice_s = left if watch is None else min(left, watch.due_in())
+        stuck_after = self.group.stuck_after if isinstance(stuck_after, Default) else stuck_after
+        watch = None if stuck_after is None else StuckWatch(self.group, stuck_after, self.issued)
+        while pending and not failures and not deadline.expired:
+            slice_s = deadline.left() if watch is None else min(deadline.left(), watch.due_in())
             ready, pending = ray.wait(pending, num_returns=1, timeout=slice_s)
             self._collect(ready, results, failures)
             if watch is not None and not ready and watch.due_in() == 0:
@@ -129,7 +120,7 @@ class GroupCall:
             still_running = self._blame_lost_nodes(failures, [self._rank_of[ref] for ref in pending])
             raise WorkerGroupError(self.group_name, self.action, failures, results, still_running)
         ordered = [results[rank] for rank in self.ranks]
-        return self._gather(ordered) if self._gather else ordered
+        return self.gather(ordered) if self.gather else ordered
 
     def _stuck(self, watch: StuckWatch, pending: Sequence[ray.ObjectRef]) -> dict[int, RankFailure]:
         """Failures of kind ``stuck`` for the silent pending ranks, each with its stack (a rank
@@ -138,7 +129,7 @@ class GroupCall:
         just_done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
         for ref in just_done:
             silent.pop(self._rank_of[ref], None)
-        group, stuck = self._group, {}
+        group, stuck = self.group, {}
         for rank, (quiet, age) in silent.items():
             reason = watch.reason(self.action, quiet, age)
             stuck[rank] = RankFailure(rank, group.node_rank_of(rank), reason, group.stack_of(rank), STUCK)
@@ -147,16 +138,15 @@ class GroupCall:
     def _no_answer(self, pending: Sequence[ray.ObjectRef], limit: float) -> dict[int, RankFailure]:
         reason = f"no answer within {limit:g} s (still running)"
         ranks = [self._rank_of[ref] for ref in pending]
-        return {rank: RankFailure(rank, self._group.node_rank_of(rank), reason) for rank in ranks}
+        return {rank: RankFailure(rank, self.group.node_rank_of(rank), reason) for rank in ranks}
 
     def _collect(self, ready: list[Any], results: dict[int, Any], failures: dict[int, RankFailure]) -> None:
         for ref in ready:
             rank = self._rank_of[ref]
             try:
                 results[rank] = ray.get(ref, timeout=0)
-            except (GetTimeoutError, ray.exceptions.RayError) as error:
-                reason, trace = describe_failure(error)
-                failures[rank] = RankFailure(rank, self._group.node_rank_of(rank), reason, trace)
+            except RayError as error:
+                failures[rank] = rank_failure(rank, self.group.node_rank_of(rank), error)
                 if isinstance(error, ActorUnavailableError):
                     self._unreachable.add(rank)
 
@@ -164,12 +154,12 @@ class GroupCall:
         """Dead node ranks. A worker that became unreachable (connection reset) may be the first
         sign of a lost node, seen before Ray's health checks declare it: then wait, at most
         ``NODE_VERDICT_S``, for Ray's verdict on that node, so the error can say what happened."""
-        dead = self._group.cluster.dead_node_ranks()
-        suspects = {self._group.node_rank_of(rank) for rank in self._unreachable} - dead - {None}
+        dead = self.group.cluster.dead_node_ranks()
+        suspects = {self.group.node_rank_of(rank) for rank in self._unreachable} - dead - {None}
         deadline = Deadline.after(NODE_VERDICT_S)
         while suspects and not deadline.expired:
             time.sleep(0.1)
-            dead = self._group.cluster.dead_node_ranks()
+            dead = self.group.cluster.dead_node_ranks()
             suspects -= dead
         return dead
 
@@ -178,11 +168,11 @@ class GroupCall:
         too (they can never answer); returns the ranks still pending after that."""
         dead = self._settled_dead_nodes()
         for rank in [*failures, *pending]:
-            node = self._group.node_rank_of(rank)
+            node = self.group.node_rank_of(rank)
             if node in dead:
                 trace = failures[rank].traceback if rank in failures else ""
-                failures[rank] = RankFailure(rank, node, f"its node {node} was lost", trace)
-        return [rank for rank in pending if self._group.node_rank_of(rank) not in dead]
+                failures[rank] = RankFailure(rank, node, f"its node {node} was lost", trace, gone=True)
+        return [rank for rank in pending if self.group.node_rank_of(rank) not in dead]
 
     def __repr__(self) -> str:
         return f"GroupCall({self.group_name}.{self.action}, ranks={len(self.ranks)})"
@@ -199,12 +189,11 @@ def wait_all(calls: Sequence[GroupCall], timeout: float) -> list[Any]:
     owner = {ref: call for call in calls for ref in call.refs}
     pending = list(owner)
     while pending:
-        left = deadline.left()
-        if left <= 0:
+        if deadline.expired:
             late = next(call for call in calls if not set(call.refs).isdisjoint(pending))
             unanswered = [ref for ref in late.refs if ref in pending]
             raise WorkerGroupError(late.group_name, late.action, late._no_answer(unanswered, timeout))
-        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.left())
         failed = next((owner[ref] for ref in ready if _raised(ref)), None)
         if failed is not None:
             failed.wait(timeout=FAILURE_GRACE_S)  # raises, naming the rank and its traceback
@@ -214,7 +203,7 @@ def wait_all(calls: Sequence[GroupCall], timeout: float) -> list[Any]:
 def _raised(ref: ray.ObjectRef) -> bool:
     try:
         ray.get(ref, timeout=0)
-    except ray.exceptions.RayError:
+    except RayError:
         return True
     return False
 

@@ -26,8 +26,6 @@ class RayNode:
 
     rank: int
     node_id: str
-    ip: str
-    is_head: bool
     resources: Mapping[str, float] = field(compare=False)
     labels: Mapping[str, str] = field(compare=False)
 
@@ -43,7 +41,7 @@ class RayNode:
 
 def rank_nodes(raw_nodes: Iterable[Mapping[str, Any]]) -> list[RayNode]:
     """Alive nodes from ``ray.nodes()`` in rank order, each with its rank."""
-    alive = [node for node in raw_nodes if node.get("Alive", node.get("alive", False))]
+    alive = [node for node in raw_nodes if node.get("Alive")]
     explicit: dict[int, Mapping[str, Any]] = {}
     implicit: list[Mapping[str, Any]] = []
     for node in alive:
@@ -68,15 +66,8 @@ def rank_nodes(raw_nodes: Iterable[Mapping[str, Any]]) -> list[RayNode]:
     ordered = [explicit[rank] for rank in sorted(explicit)]
     ordered += sorted(implicit, key=_implicit_key)
     return [
-        RayNode(
-            rank=index,
-            node_id=node["NodeID"],
-            ip=node.get("NodeManagerAddress", ""),
-            is_head=HEAD_RESOURCE in (node.get("Resources") or {}),
-            resources=dict(node.get("Resources") or {}),
-            labels=dict(node.get("Labels") or {}),
-        )
-        for index, node in enumerate(ordered)
+        RayNode(rank, node["NodeID"], dict(node.get("Resources") or {}), dict(node.get("Labels") or {}))
+        for rank, node in enumerate(ordered)
     ]
 
 

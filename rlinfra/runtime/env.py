@@ -102,8 +102,7 @@ def compose_env(*layers: EnvLayer) -> ResolvedEnv:
             else:
                 values[name] = value
                 sources[name] = [layer.source]
-                if name in PATH_VARIABLES:
-                    replaced.discard(name)
+                replaced.discard(name)
             if name in layer.replace:
                 replaced.add(name)
     return ResolvedEnv(
@@ -123,11 +122,6 @@ def class_defaults_layer(worker_cls: type | None) -> EnvLayer:
     for name, value in defaults.items():
         refuse_credential(str(name), str(value), where)
     return EnvLayer("class defaults", defaults)
-
-
-def driver_allowlist(extra: Sequence[str] = ()) -> tuple[str, ...]:
-    """``DEFAULT_ALLOWLIST`` plus the names or shell patterns of ``cluster.env_allowlist``."""
-    return DEFAULT_ALLOWLIST + tuple(extra)
 
 
 def driver_layer(environ: Mapping[str, str], allowlist: Sequence[str]) -> tuple[EnvLayer, tuple[str, ...]]:
@@ -175,7 +169,8 @@ def rlinfra_layer(placement: Placement) -> EnvLayer:
 class WorkerEnvs:
     """The environments of one component's processes. The layers that do not depend on the
     process — class defaults, driver, component — are built once, so a launch of thousands of
-    ranks scans the driver's environment once, not once per rank."""
+    ranks scans the driver's environment once, not once per rank. The driver's variables are
+    those of ``DEFAULT_ALLOWLIST`` and of ``env_allowlist`` (``cluster.env_allowlist``)."""
 
     def __init__(
         self,
@@ -185,12 +180,12 @@ class WorkerEnvs:
         component_env: EnvVars = NO_ENV_VARS,
         component: str = "",
         driver_env: Mapping[str, str] | None = None,
-        allowlist: Sequence[str] = DEFAULT_ALLOWLIST,
+        env_allowlist: Sequence[str] = (),
     ) -> None:
         self._spec = spec
         self._class = class_defaults_layer(worker_cls)
         self._driver, self._withheld = driver_layer(
-            os.environ if driver_env is None else driver_env, allowlist
+            os.environ if driver_env is None else driver_env, (*DEFAULT_ALLOWLIST, *env_allowlist)
         )
         self._component = EnvLayer(f"component {component!r}" if component else "component", component_env)
 

@@ -17,13 +17,15 @@ STUCK = "stuck"  # alive, but no progress (no return, no heartbeat) for the call
 @dataclass(frozen=True)
 class RankFailure:
     """Why one rank of a group failed: its node, a one-line reason, the remote traceback (for a
-    stuck rank: its Python stack at that moment) and the ``kind`` of failure."""
+    stuck rank: its Python stack at that moment) and the ``kind`` of failure. ``gone``: its
+    process died, became unreachable or lost its node (not merely raised or stayed silent)."""
 
     rank: int
     node_rank: int | None
     reason: str
     traceback: str = ""
     kind: str = FAILED
+    gone: bool = False
 
 
 class WorkerGroupError(RuntimeError):

@@ -58,10 +58,11 @@ with open(sys.argv[1], "w") as out:
 
 @dataclass(frozen=True)
 class WorkerExecutable:
-    """How one worker process is started: ``interpreter`` is the node group's
-    ``python_interpreter_path`` (None: the node's own), ``profiling`` is set when the worker's
-    group is profiled."""
+    """How one worker process is started on node ``node_rank`` (one probe checks each):
+    ``interpreter`` is the node group's ``python_interpreter_path`` (None: the node's own),
+    ``profiling`` is set when the worker's group is profiled."""
 
+    node_rank: int
     interpreter: str | None
     profiling: ProfilingConfig | None
 
@@ -74,9 +75,6 @@ class WorkerExecutable:
         return shlex.join(self.profiling.wrap(python, report_prefix))
 
 
-ProbeKey = tuple[int, WorkerExecutable]  # (node rank, command): one probe each
-
-
 def worker_executable(
     placement: Placement, spec: ClusterSpec, group_name: str, profiling: ProfilingConfig | None
 ) -> WorkerExecutable | None:
@@ -86,7 +84,7 @@ def worker_executable(
     profiled = profiling if profiling is not None and profiling.profiles(group_name) else None
     if interpreter is None and profiled is None:
         return None
-    return WorkerExecutable(interpreter, profiled)
+    return WorkerExecutable(placement.cluster_node_rank, interpreter, profiled)
 
 
 def worker_runtime_env(
@@ -106,23 +104,20 @@ def worker_runtime_envs(
     command that cannot start a worker raises ``WorkerGroupError`` naming ranks, nodes and why."""
     profiling = cluster.config.profiling
     executables = [worker_executable(p, cluster.spec, group_name, profiling) for p in placements]
-    keys = [
-        None if e is None else (p.cluster_node_rank, e) for p, e in zip(placements, executables, strict=True)
-    ]
-    needed = {key for key in keys if key is not None}
+    needed = {executable for executable in executables if executable is not None}
     if not needed:
         return [None] * len(placements)
     probes = _probe_nodes(cluster, needed)
     failures = {
-        p.rank: RankFailure(p.rank, p.cluster_node_rank, probes[key].problem or "")
-        for p, key in zip(placements, keys, strict=True)
-        if key is not None and probes[key].problem
+        p.rank: RankFailure(p.rank, p.cluster_node_rank, probes[e].problem or "")
+        for p, e in zip(placements, executables, strict=True)
+        if e is not None and probes[e].problem
     }
     if failures:
         raise WorkerGroupError(group_name, CHECK_ACTION, failures)
     return [
-        worker_runtime_env(p, key[1], group_name, probes[key].python) if key is not None else None
-        for p, key in zip(placements, keys, strict=True)
+        worker_runtime_env(p, e, group_name, probes[e].python) if e is not None else None
+        for p, e in zip(placements, executables, strict=True)
     ]
 
 
@@ -138,16 +133,16 @@ class ProbeResult:
     problem: str | None = None
 
 
-def _probe_nodes(cluster: Cluster, needed: set[ProbeKey]) -> dict[ProbeKey, ProbeResult]:
+def _probe_nodes(cluster: Cluster, needed: set[WorkerExecutable]) -> dict[WorkerExecutable, ProbeResult]:
     """Run every probe at once, each pinned to its node, and wait for all with one deadline."""
     probe = ray.remote(num_cpus=0, max_retries=0)(probe_command)
-    refs: dict[ProbeKey, ray.ObjectRef] = {}
-    for node_rank, executable in needed:
-        pinned = NodeAffinitySchedulingStrategy(cluster.node(node_rank).node_id, soft=False)
-        refs[node_rank, executable] = probe.options(scheduling_strategy=pinned).remote(executable, node_rank)
+    refs: dict[WorkerExecutable, ray.ObjectRef] = {}
+    for executable in needed:
+        pinned = NodeAffinitySchedulingStrategy(cluster.node(executable.node_rank).node_id, soft=False)
+        refs[executable] = probe.options(scheduling_strategy=pinned).remote(executable)
     limit = PROBE_TIMEOUT_S + SCHEDULE_SLACK_S
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=limit)
-    return {key: _result(ref, ref in ready, key[0], limit) for key, ref in refs.items()}
+    return {key: _result(ref, ref in ready, key.node_rank, limit) for key, ref in refs.items()}
 
 
 def _result(ref: ray.ObjectRef, ready: bool, node_rank: int, limit: float) -> ProbeResult:
@@ -162,13 +157,13 @@ def _result(ref: ray.ObjectRef, ready: bool, node_rank: int, limit: float) -> Pr
         return ProbeResult("", f"the interpreter check could not run on node {node_rank}: {error}")
 
 
-def probe_command(executable: WorkerExecutable, node_rank: int) -> ProbeResult:
+def probe_command(executable: WorkerExecutable) -> ProbeResult:
     """On the node: does ``executable`` start a Python that can run a Ray worker? Runs inside a
     default Ray worker there, whose environment is the one Ray starts workers with."""
-    problem = _missing_parts(executable, node_rank)
+    problem = _missing_parts(executable, executable.node_rank)
     if problem is None:
         with tempfile.TemporaryDirectory(prefix="rlinfra-probe-") as scratch:
-            problem = _run_probe(executable, Path(scratch), node_rank)
+            problem = _run_probe(executable, Path(scratch), executable.node_rank)
     return ProbeResult(sys.executable, problem)
 
 

@@ -15,9 +15,10 @@ logs as ``policy/actor:3``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from rlinfra.runtime.worker import Worker, adopt_identity
+from rlinfra.placement.record import Placement
+from rlinfra.runtime.worker import Worker, bind_identity
 
 
 def fuse(**roles: type[Worker]) -> type[Worker]:
@@ -43,7 +44,10 @@ def fuse(**roles: type[Worker]) -> type[Worker]:
             for role, cls in roles.items():
                 args, kwargs = _split_args(role_args.get(role, ()))
                 instance = cls.__new__(cls)
-                adopt_identity(instance, self, f"{self._group_name}/{role}")
+                placement = cast(Placement, self._placement)  # bound before any constructor runs
+                bind_identity(
+                    instance, f"{self._group_name}/{role}", placement, self._hardware, self._incarnation
+                )
                 try:
                     cls.__init__(instance, *args, **kwargs)
                 except Exception as error:

@@ -23,9 +23,8 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -33,14 +32,15 @@ from ray.exceptions import ActorDiedError, RayError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlinfra.placement.record import VISIBILITY_ENV, Placement
+from rlinfra.placement.errors import short_ranks
+from rlinfra.placement.record import Placement
 from rlinfra.placement.strategies import NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
 from rlinfra.runtime import process_groups
 from rlinfra.runtime.bundles import ActorReservation
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.deadline import Deadline, poll
-from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs, driver_allowlist
+from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
 from rlinfra.runtime.group_views import GroupMethod, WorkerGroupView
@@ -87,17 +87,14 @@ class WorkerGroup:
         self.worker_info: list[dict[str, Any]] = []
         self.call_timeout = DEFAULT_CALL_TIMEOUT_S
         self.stuck_after: float | None = DEFAULT_STUCK_AFTER_S
-        self.max_concurrency = 1
         self.master_address: tuple[str, int] | None = None
         self._layout: Layout | None = None
         self._own_layout: Layout | None = None  # reserved by launch when not given one
         self._secrets: SecretsChannel | None = None
-        self._cluster: Cluster | None = None
         self._spawn_specs: list[tuple[WorkerContext, dict[str, Any]]] = []  # per rank, for replace
         self.launch_timeout = DEFAULT_LAUNCH_TIMEOUT_S
         self.restart_budget = RestartBudget(None)
         self.restarts: list[Restart] = []  # every replacement attempt, in order
-        self._incarnations: dict[int, int] = {}  # rank -> processes started after its first
         self._removed: set[int] = set()  # ranks stopped by remove(), their bundles kept for add()
         self.call_guard: CallGuard | None = None  # installed by a facility that may refuse calls
 
@@ -141,15 +138,12 @@ class WorkerGroup:
         """
         if self.actors:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
-        if placement_strategy is None:
-            placement_strategy = default_strategy(cluster)
+        placement_strategy = placement_strategy or default_strategy(cluster)
         self.name = name or self.name
         self.call_timeout = call_timeout
         self.stuck_after = stuck_after
-        self.max_concurrency = max_concurrency
         self.launch_timeout = launch_timeout
         self.restart_budget = RestartBudget(placement_strategy.restart)
-        self._cluster = cluster
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         cpus = cpus_per_process(self.name, num_cpus, placement_strategy.num_cpus)
         deadline = Deadline.after(launch_timeout)
@@ -160,7 +154,7 @@ class WorkerGroup:
             worker_cls=self.worker_cls,
             component_env=placement_strategy.env_vars,
             component=self.name,
-            allowlist=driver_allowlist(cluster.config.env_allowlist),
+            env_allowlist=cluster.config.env_allowlist,
         )
         envs = [component_envs.of(placement) for placement in self.placements]
         try:
@@ -180,8 +174,8 @@ class WorkerGroup:
             pg, reservations = layout.slot(self.name, self.placements, cpus)
             self._layout = layout
             self._check_bundle_nodes()
-            self._start_actors(pg, reservations, envs, runtime_envs)
-            self.worker_info = self._await_ready(deadline)
+            self._start_actors(pg, reservations, envs, runtime_envs, max_concurrency)
+            self.worker_info = self._await_ready(self.ranks, deadline, "starting (constructor)")
             self._check_ray_device_ids()
             self.refresh_master_address(deadline.left())
         except BaseException:
@@ -195,6 +189,7 @@ class WorkerGroup:
         reservations: list[ActorReservation],
         envs: list[ResolvedEnv],
         runtime_envs: list[dict[str, Any] | None],
+        max_concurrency: int,
     ) -> None:
         for placement, reservation, env, runtime_env in zip(
             self.placements, reservations, envs, runtime_envs, strict=True
@@ -203,7 +198,6 @@ class WorkerGroup:
                 self.name,
                 placement,
                 dict(env.values),
-                unset_env=() if placement.is_isolated else tuple(VISIBILITY_ENV.values()),
                 merge_env=env.merge_with_inherited,
                 secrets=self._secrets,
                 hardware=self.cluster.spec.hardware_units(placement),
@@ -217,16 +211,16 @@ class WorkerGroup:
                     pg, placement_group_bundle_index=reservation.bundle_index
                 ),
                 "max_restarts": 0,
-                "max_concurrency": self.max_concurrency,
+                "max_concurrency": max_concurrency,
                 "runtime_env": runtime_env,
             }
             self._spawn_specs.append((context, options))
             self.actors.append(self._spawn(placement.rank))
 
-    def _spawn(self, rank: int, incarnation: int = 0) -> Any:
-        """A new actor for ``rank``: same name, bundle, resources and context as the first one."""
+    def _spawn(self, rank: int) -> Any:
+        """A new actor for ``rank``: same name, bundle, resources and context (its incarnation
+        aside) as the first one."""
         context, options = self._spawn_specs[rank]
-        context = dataclasses.replace(context, incarnation=incarnation)
         actor_cls = actor_class(self.worker_cls)
         return actor_cls.options(**options).remote(context, *self._args, **self._kwargs)
 
@@ -256,12 +250,11 @@ class WorkerGroup:
                 f"node {row.planned_node_rank} ({len(wrong)} rank(s) misplaced)"
             )
 
-    def _await_ready(self, deadline: Deadline) -> list[dict[str, Any]]:
-        call = self.call(HostMethods.rlinfra_ready, action="starting (constructor)")
-        if len(call.refs) >= 16 and sys.stderr.isatty():
-            _progress_until_ready(call.refs, deadline, self.name)
+    def _await_ready(self, ranks: list[int], deadline: Deadline, action: str) -> list[dict[str, Any]]:
+        """What each of ``ranks`` reports once its constructor has returned (node, pid, devices)."""
+        ready = self.call(HostMethods.rlinfra_ready, ranks, action=action)
         # No progress watch: nothing answers a probe before its constructor has returned.
-        return call.wait(timeout=deadline.left(), stuck_after=None)
+        return ready.wait(timeout=deadline.left(), stuck_after=None)
 
     def _check_ray_device_ids(self) -> None:
         """Warn when Ray's ledger holds other device ids than the ones the workers use.
@@ -272,18 +265,16 @@ class WorkerGroup:
         """
         drifted = []
         for placement, info in zip(self.placements, self.worker_info, strict=True):
-            if placement.visible_devices is None:
-                continue
-            ray_ids = info["ray_accelerator_ids"].get(placement.hardware_type, [])
-            if [int(i) for i in ray_ids] != list(placement.local_hardware_ranks):
+            ray_ids = [int(i) for i in info["ray_accelerator_ids"].get(placement.hardware_type, [])]
+            if placement.visible_devices is not None and ray_ids != list(placement.local_hardware_ranks):
                 drifted.append(f"rank {placement.rank} uses {placement.visible_devices}, Ray: {ray_ids}")
         if drifted:
             logger.warning(
-                "worker group %r: Ray's device ledger differs from the placement (%s%s); device "
-                "counts are reserved correctly",
+                "worker group %r: Ray's device ledger differs from the placement on %d rank(s) (%s); "
+                "device counts are reserved correctly",
                 self.name,
+                len(drifted),
                 "; ".join(drifted[:4]),
-                " …" if len(drifted) > 4 else "",
             )
 
     def refresh_master_address(self, timeout: float) -> None:
@@ -295,8 +286,7 @@ class WorkerGroup:
         reserving = self.call(
             HostMethods.rlinfra_run, [0], args=reserve, action="reserving the rendezvous port"
         )
-        address, port = reserving.wait(timeout)[0]
-        self._publish_master((address, port), self.ranks, deadline.left())
+        self._publish_master(reserving.wait(timeout)[0], self.ranks, deadline.left())
 
     def _publish_master(self, master: tuple[str, int], ranks: list[int], timeout: float) -> None:
         """Tell ``ranks`` the rendezvous address rank 0 holds (``MASTER_ADDR``/``MASTER_PORT``)."""
@@ -324,24 +314,26 @@ class WorkerGroup:
         changed: the view is what calls those ranks, so a later ``group.method()`` still reaches
         every rank."""
         chosen = list(ranks)
-        if any(isinstance(rank, bool) or not isinstance(rank, int) for rank in chosen):
+        if not chosen or any(isinstance(rank, bool) or not isinstance(rank, int) for rank in chosen):
             raise TypeError(
                 f"worker group {self.name!r}: execute_on takes ranks as separate ints, e.g. "
-                f"execute_on(0, 2); got {chosen!r}"
+                f"execute_on(0, 2); got {ranks!r}"
             )
-        bad = [rank for rank in chosen if not 0 <= rank < len(self.actors) or rank in self._removed]
-        if bad or not chosen:
-            removed = f" (removed: {sorted(self._removed)})" if self._removed else ""
-            raise ValueError(
-                f"worker group {self.name!r} has ranks 0-{len(self.actors) - 1}{removed}; "
-                f"cannot execute on {bad or chosen}"
-            )
+        self._refuse_unless(chosen, self.ranks, "execute on")
         return WorkerGroupView(self, chosen)
 
+    def _refuse_unless(self, ranks: Sequence[int], allowed: Collection[int], doing: str) -> None:
+        """``ValueError`` naming the ``ranks`` not in ``allowed``, with the ranks running and removed."""
+        bad = sorted(set(ranks) - set(allowed))
+        if bad:
+            removed = f"; removed: {sorted(self._removed)}" if self._removed else ""
+            raise ValueError(
+                f"worker group {self.name!r} has ranks {short_ranks(self.ranks)} running{removed}; "
+                f"cannot {doing} {', '.join(map(str, bad))}"
+            )
+
     def __getattr__(self, method: str) -> GroupMethod:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return WorkerGroupView(self, None).__getattr__(method)
+        return WorkerGroupView(self, None).__getattr__(method)  # refuses private names
 
     def node_rank_of(self, rank: int) -> int | None:
         return self.placements[rank].cluster_node_rank if 0 <= rank < len(self.placements) else None
@@ -354,10 +346,8 @@ class WorkerGroup:
 
     @property
     def cluster(self) -> Cluster:
-        """The cluster the group was launched on."""
-        if self._cluster is None:
-            raise RuntimeError(f"worker group {self.name!r} is not launched (call .launch first)")
-        return self._cluster
+        """The cluster the group was launched on (its layout's)."""
+        return self._launched_layout().cluster
 
     def call(
         self,
@@ -386,7 +376,9 @@ class WorkerGroup:
         name = method if isinstance(method, str) else method.__name__
         chosen = self.ranks if ranks is None else list(ranks)
         if per_rank is not None and len(per_rank) != len(chosen):
-            raise ValueError(f"{self.name}.{name}: {len(per_rank)} argument tuples for {len(chosen)} ranks")
+            raise ValueError(
+                f"{self.name}.{action or name}: {len(per_rank)} per-rank arguments for {len(chosen)} ranks"
+            )
         if self.call_guard is not None:
             self.call_guard(name, chosen)
         calls = per_rank if per_rank is not None else [args] * len(chosen)
@@ -425,10 +417,9 @@ class WorkerGroup:
         if stack is not None:
             return stack
         ref = self.actors[rank].rlinfra_thread_stacks.remote()
-        ready, _ = ray.wait([ref], timeout=PROBE_TIMEOUT_S)
-        with contextlib.suppress(RayError):
-            if ready:
-                return "(from inside the worker; py-spy could not attach)\n" + ray.get(ref, timeout=0)
+        with contextlib.suppress(RayError):  # no answer in time (GetTimeoutError), or the worker is gone
+            threads = ray.get(ref, timeout=PROBE_TIMEOUT_S)
+            return f"(from inside the worker; py-spy could not attach)\n{threads}"
         return "(no stack: py-spy could not attach, and the worker holds its interpreter)"
 
     # ---------------------------------------------------------------------------- supervision
@@ -454,10 +445,7 @@ class WorkerGroup:
         (default: the launch timeout). Every attempt is recorded in ``restarts``.
         """
         self._launched_layout()
-        if not 0 <= rank < len(self.actors) or rank in self._removed:
-            raise ValueError(
-                f"worker group {self.name!r} has ranks {self.ranks} running; cannot replace {rank}"
-            )
+        self._refuse_unless([rank], self.ranks, "replace")
         node_rank, started, wall = self.node_rank_of(rank), time.monotonic(), time.time()
 
         def record(outcome: str, detail: str = "") -> Restart:
@@ -490,9 +478,7 @@ class WorkerGroup:
         stay reserved, and calls no longer reach them (``ranks`` leaves them out) until ``add``
         starts them again. At least one rank must keep running."""
         chosen = sorted(set(ranks))
-        bad = [rank for rank in chosen if rank not in self.ranks]
-        if bad:
-            raise ValueError(f"worker group {self.name!r}: cannot remove ranks {bad} (running: {self.ranks})")
+        self._refuse_unless(chosen, self.ranks, "remove")
         if len(chosen) == len(self.ranks):
             raise ValueError(f"worker group {self.name!r}: cannot remove every rank; shut the group down")
         deadline = Deadline.after(self.launch_timeout if timeout is None else timeout)
@@ -505,11 +491,7 @@ class WorkerGroup:
         layout): the same mechanism as ``replace``, not charged to the restart budget. Their state
         is the constructor's (weights come from ``WeightSync.admit``)."""
         chosen = sorted(set(ranks))
-        bad = [rank for rank in chosen if rank not in self._removed]
-        if bad:
-            raise ValueError(
-                f"worker group {self.name!r}: ranks {bad} are not removed (removed: {sorted(self._removed)})"
-            )
+        self._refuse_unless(chosen, self._removed, "add")
         deadline = Deadline.after(self.launch_timeout if timeout is None else timeout)
         self._removed.difference_update(chosen)  # running again: the address reaches them too
         try:
@@ -521,19 +503,15 @@ class WorkerGroup:
             self._removed.update(chosen)
             raise
 
-    @property
-    def removed_ranks(self) -> list[int]:
-        return sorted(self._removed)
-
     def _start_again(self, ranks: list[int], deadline: Deadline, action: str) -> None:
         """New processes for ``ranks`` (their next incarnation, in their own bundles), ready and
         told the rendezvous address: what ``replace`` and ``add`` both do once the old is gone."""
         for rank in ranks:
-            self._incarnations[rank] = self._incarnations.get(rank, 0) + 1
-            self.actors[rank] = self._spawn(rank, self._incarnations[rank])
-        ready = self.call(HostMethods.rlinfra_ready, ranks, action=action)
-        infos = ready.wait(timeout=deadline.left(), stuck_after=None)
-        for rank, info in zip(ranks, infos, strict=True):
+            context, options = self._spawn_specs[rank]
+            later = dataclasses.replace(context, incarnation=context.incarnation + 1)
+            self._spawn_specs[rank] = (later, options)
+            self.actors[rank] = self._spawn(rank)
+        for rank, info in zip(ranks, self._await_ready(ranks, deadline, action), strict=True):
             self.worker_info[rank] = info
         # A new rank 0 binds the rendezvous port again for everyone; other new ranks learn the address.
         if 0 in ranks or self.master_address is None:
@@ -591,15 +569,3 @@ def default_strategy(cluster: Cluster) -> PlacementStrategy:
     if cluster.num_accelerators > 0:
         return PackedPlacementStrategy(0, cluster.num_accelerators - 1)
     return NodePlacementStrategy([0])
-
-
-def _progress_until_ready(refs: list[Any], deadline: Deadline, name: str) -> None:
-    """A progress bar while a large group starts (returns at the deadline or when all are done)."""
-    from rich.progress import Progress
-
-    pending = list(refs)
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"launching {name}", total=len(refs))
-        while pending and not deadline.expired:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.5, deadline.left()))
-            progress.update(task, completed=len(refs) - len(pending))

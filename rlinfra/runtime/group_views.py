@@ -59,11 +59,6 @@ class GroupMethod:
 
     def scatter(self, per_rank: Sequence[Any], *args: Any, **kwargs: Any) -> GroupCall:
         """Rank ``self._ranks[i]`` gets ``per_rank[i]`` as its first argument."""
-        if len(per_rank) != len(self._ranks):
-            raise ValueError(
-                f"{self._group.name}.{self._method}.scatter: {len(per_rank)} values for "
-                f"{len(self._ranks)} ranks"
-            )
         return self._fan_out([(value, *args) for value in per_rank], kwargs)
 
     def split(self, batch: Any, *args: Any, **kwargs: Any) -> GroupCall:

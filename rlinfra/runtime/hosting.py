@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import ray
 
 from rlinfra.placement.env_vars import PATH_SEPARATOR, merge_paths
-from rlinfra.placement.record import Placement
+from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.runtime import process_groups, progress
 from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import receive_secrets
+from rlinfra.runtime.worker import bind_identity
 
 SECRETS_TIMEOUT_S = 60.0
 T = TypeVar("T")
@@ -45,7 +46,6 @@ class WorkerContext:
     group_name: str
     placement: Placement
     env: dict[str, str] = field(default_factory=dict)
-    unset_env: tuple[str, ...] = ()
     merge_env: tuple[str, ...] = ()
     secrets: Any = None
     hardware: tuple[HardwareUnit, ...] = ()
@@ -55,14 +55,15 @@ class WorkerContext:
 def _set_env(context: WorkerContext) -> None:
     """Set in-process, as Ray itself does for CUDA_VISIBLE_DEVICES: per-actor runtime_envs would
     cost a fresh worker process each and record every value in Ray's metadata."""
-    for name in context.unset_env:
-        os.environ.pop(name, None)
+    if not context.placement.is_isolated:  # it sees every device: no visibility variable holds
+        for name in VISIBILITY_ENV.values():
+            os.environ.pop(name, None)
     for name, value in context.env.items():
         os.environ[name] = merge_paths(value, os.environ.get(name)) if name in context.merge_env else value
     if "PYTHONPATH" in context.env:
         # The interpreter read PYTHONPATH at start-up; new entries reach imports only via sys.path.
-        new = [entry for entry in context.env["PYTHONPATH"].split(PATH_SEPARATOR) if entry not in sys.path]
-        sys.path[1:1] = [entry for entry in new if entry]
+        entries = context.env["PYTHONPATH"].split(PATH_SEPARATOR)
+        sys.path[1:1] = [entry for entry in entries if entry and entry not in sys.path]
 
 
 class HostMethods:
@@ -71,14 +72,7 @@ class HostMethods:
 
     def _rlinfra_bind_context(self, context: WorkerContext) -> None:
         """The attributes ``Worker`` documents (RLinf's names), the environment and the secrets."""
-        placement = context.placement
-        self._group_name, self._placement, self._hardware = context.group_name, placement, context.hardware
-        self._rank, self._world_size = placement.rank, placement.world_size
-        self._local_rank, self._local_world_size = placement.local_rank, placement.local_world_size
-        self._node_rank = self._cluster_node_rank = placement.cluster_node_rank
-        self._local_accelerator_rank = placement.local_accelerator_rank
-        self._worker_name = f"{context.group_name}:{placement.rank}"
-        self._incarnation = context.incarnation
+        bind_identity(self, context.group_name, context.placement, context.hardware, context.incarnation)
         _set_env(context)
         process_groups.listen_on(ray.util.get_node_ip_address())
         if context.secrets is not None:

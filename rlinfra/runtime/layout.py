@@ -25,7 +25,7 @@ from rlinfra.placement.strategies import PlacementStrategy
 from rlinfra.runtime.bundles import ActorReservation, LayoutPlan, plan_layout
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.errors import ClusterError
-from rlinfra.runtime.topology import BundleNode, bundle_report, check_constraints, describe_constraints
+from rlinfra.runtime.topology import BundleNode, check_constraints, describe_constraints
 
 DEFAULT_RESERVE_TIMEOUT_S = 120.0
 
@@ -43,7 +43,7 @@ class Layout:
         placement: Any,
         components: Sequence[str] | None = None,
         *,
-        num_cpus: float | Mapping[str, float] | None = None,
+        num_cpus: float | None = None,
         isolate_accelerator: bool = True,
         timeout: float = DEFAULT_RESERVE_TIMEOUT_S,
         what: str | None = None,
@@ -64,12 +64,40 @@ class Layout:
         for name, strategy in strategies.items():
             self.placements[name] = strategy.get_placement(cluster, isolate_accelerator)
             self.constraints[name] = process_constraints(self.placements[name], strategy.constraints, groups)
-            self.num_cpus[name] = cpus_per_process(name, _given(num_cpus, name), strategy.num_cpus)
+            self.num_cpus[name] = cpus_per_process(name, num_cpus, strategy.num_cpus)
         node_resources = {node.rank: node.resources for node in cluster.nodes}
         self.plan: LayoutPlan = plan_layout(self.placements, self.num_cpus, node_resources, self.constraints)
-        self._cluster = cluster
-        what = what or "layout " + ",".join(strategies)
-        self.pg: PlacementGroup | None = reserve(self.plan, cluster, timeout, what, self.constraints)
+        self.cluster = cluster
+        self.pg: PlacementGroup | None = self._reserve(timeout, what or "layout " + ",".join(strategies))
+
+    def _reserve(self, timeout: float, what: str) -> PlacementGroup:
+        """Create the placement group with every bundle pinned to its node, and wait for it.
+
+        Ray waits forever for a feasible-but-busy reservation, for more than a node has in all, and
+        for a custom resource or node label no node has. The last two fail at once
+        (``ReservationError`` from ``check_capacity``, ``TopologyError``, from the nodes' totals and
+        labels); a busy reservation gives up at ``timeout``, removes the request and raises
+        ``ReservationError`` naming what each node lacks and the constraints in force.
+        """
+        plan, cluster = self.plan, self.cluster
+        check_constraints(plan, self.constraints, cluster.nodes)
+        check_capacity(plan, cluster, what)
+        selectors = [
+            {**extra, NODE_ID_LABEL: cluster.node(node).node_id}
+            for node, extra in zip(plan.bundle_nodes, plan.bundle_labels, strict=True)
+        ]
+        pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
+        ready, _ = ray.wait([pg.ready()], timeout=timeout)
+        if not ready:
+            remove_placement_group(pg)
+            message = f"{what}: {missing_resources(plan, cluster, timeout)}"
+            described = describe_constraints(self.constraints)
+            if described:
+                message += "\n  topology constraints in force:\n" + "\n".join(
+                    f"    {line}" for line in described
+                )
+            raise ReservationError(message)
+        return pg
 
     def slot(
         self, component: str, placements: Sequence[Placement], num_cpus: float | None = None
@@ -103,16 +131,18 @@ class Layout:
             remove_placement_group(self.pg)
             self.pg = None
 
-    def bundle_nodes(self) -> dict[int, str]:
-        """Bundle index → Ray node id, as Ray reports it (``placement_group_table``)."""
-        if self.pg is None:
-            return {}
-        table = ray.util.placement_group_table(self.pg)
-        return {int(index): node_id for index, node_id in table.get("bundles_to_node_id", {}).items()}
-
     def bundle_report(self, component: str) -> list[BundleNode]:
-        """Each rank of ``component``: its bundle, the node planned and the node Ray reports."""
-        return bundle_report(self.plan, component, self.bundle_nodes(), self._cluster.nodes)
+        """Each rank of ``component``: its bundle, the node planned and the node Ray reports
+        (``placement_group_table``'s bundle → node id; none once the layout is released)."""
+        table = ray.util.placement_group_table(self.pg) if self.pg is not None else {}
+        placed = {int(index): node_id for index, node_id in table.get("bundles_to_node_id", {}).items()}
+        rank_of = {node.node_id: node.rank for node in self.cluster.nodes}
+        report = []
+        for rank, row in enumerate(self.plan.reservations[component]):
+            node_id = placed.get(row.bundle_index, "")
+            planned = self.plan.bundle_nodes[row.bundle_index]
+            report.append(BundleNode(rank, row.bundle_index, planned, rank_of.get(node_id), node_id))
+        return report
 
     def __enter__(self) -> Layout:
         return self
@@ -138,45 +168,6 @@ def _strategies(placement: Any, components: Sequence[str] | None) -> dict[str, P
         return dict(placement)
     names = components if components is not None else placement.components
     return {name: placement.get_strategy(name) for name in names}
-
-
-def _given(num_cpus: float | Mapping[str, float] | None, component: str) -> float | None:
-    return num_cpus.get(component) if isinstance(num_cpus, Mapping) else num_cpus
-
-
-def reserve(
-    plan: LayoutPlan,
-    cluster: Cluster,
-    timeout: float,
-    what: str,
-    constraints: Mapping[str, Sequence[Constraints]] | None = None,
-) -> PlacementGroup:
-    """Create the placement group with every bundle pinned to its node, and wait for it.
-
-    Ray waits forever for a feasible-but-busy reservation, for more than a node has in all, and
-    for a custom resource or node label no node has. The last two fail at once
-    (``ReservationError`` from ``check_capacity``, ``TopologyError``, from the nodes' totals and
-    labels); a busy reservation gives up at ``timeout``, removes the request and raises
-    ``ReservationError`` naming what each node lacks and the constraints in force.
-    """
-    if constraints:
-        check_constraints(plan, constraints, cluster.nodes)
-    check_capacity(plan, cluster, what)
-    labels = plan.bundle_labels or [{} for _ in plan.bundles]
-    selectors = [
-        {**extra, NODE_ID_LABEL: cluster.node(node).node_id}
-        for node, extra in zip(plan.bundle_nodes, labels, strict=True)
-    ]
-    pg = placement_group(plan.bundles, strategy="PACK", bundle_label_selector=selectors)
-    ready, _ = ray.wait([pg.ready()], timeout=timeout)
-    if not ready:
-        remove_placement_group(pg)
-        message = f"{what}: {missing_resources(plan, cluster, timeout)}"
-        described = describe_constraints(constraints or {})
-        if described:
-            message += "\n  topology constraints in force:\n" + "\n".join(f"    {line}" for line in described)
-        raise ReservationError(message)
-    return pg
 
 
 def check_capacity(plan: LayoutPlan, cluster: Cluster, what: str) -> None:

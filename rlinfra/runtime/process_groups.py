@@ -74,7 +74,7 @@ def hold_port(held: int | None = None) -> int:
     address (``listen_on``): listened on until torch takes it over (``init_process_group``/
     ``join_cross_group``) or ``leave_cross_group`` closes it. Connections that arrive early wait in
     the backlog instead of being refused."""
-    if held is not None and held in _HELD:
+    if held in _HELD:
         return held
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -154,13 +154,11 @@ def init_process_group(backend: str | None = None, timeout_s: float = DEFAULT_TI
     until all have joined or ``timeout_s`` passes."""
     rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
     address, port = _env("MASTER_ADDR"), _env_int("MASTER_PORT")
-    torch = _require_torch()
     backend = backend or default_backend()
     timeout = timedelta(seconds=timeout_s)
     store = _tcp_store(address, port, rank, world_size, timeout)
-    torch.distributed.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-    )
+    dist = _require_torch().distributed
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return backend
 
 
@@ -262,7 +260,7 @@ def leave_cross_group(name: str) -> None:
     """Leave cross group ``name`` and free its port; leaving a group not joined does nothing, so a
     driver may clean up after a failed bring-up without knowing who got how far."""
     port = _CROSS_PORTS.pop(name, None)
-    if port is not None and port in _HELD:
+    if port in _HELD:
         _HELD.pop(port).close()
     joined = _CROSS_GROUPS.pop(name, None)
     if joined is not None:

@@ -52,9 +52,8 @@ def tear_down(group: WorkerGroup, timeout_s: float = 30.0) -> None:
     so the group is as ``launch`` left it."""
     deadline = Deadline.after(timeout_s)
     destroy = (process_groups.destroy_process_group,)
-    group.call(HostMethods.rlinfra_run, args=destroy, action="destroying the process group").wait(
-        deadline.left()
-    )
+    destroying = group.call(HostMethods.rlinfra_run, args=destroy, action="destroying the process group")
+    destroying.wait(deadline.left())
     group.refresh_master_address(deadline.left())
 
 
@@ -70,12 +69,6 @@ class CrossGroupInfo:
     backend: str
     cross_ranks: Mapping[tuple[str, int], int]
     _groups: tuple[Member, ...] = field(repr=False, compare=False)
-
-    def rank_of(self, group: str, rank: int) -> int:
-        """The cross rank of ``rank`` of worker group ``group``."""
-        if (group, rank) not in self.cross_ranks:
-            raise KeyError(f"rank {rank} of {group!r} is not in cross group {self.name!r}")
-        return self.cross_ranks[group, rank]
 
 
 def _ordered_members(name: str, members: Sequence[tuple[WorkerGroup, Sequence[int]]]) -> tuple[Member, ...]:
@@ -120,17 +113,16 @@ def bring_up_cross(
     reserve, action = (process_groups.reserve_cross_port, name), f"reserving a port for cross group {name!r}"
     reserving = first.call(HostMethods.rlinfra_run, first_ranks[:1], args=reserve, action=action)
     address, port = reserving.wait(timeout_s + DRIVER_MARGIN_S)[0]
-    # Every join is sent before any is waited on; cross ranks count in member order.
-    world_size = sum(len(ranks) for _, ranks in ordered)
+    cross_ranks: dict[tuple[str, int], int] = {}  # counted in member order
+    for group, ranks in ordered:
+        cross_ranks.update({(group.name, rank): len(cross_ranks) + i for i, rank in enumerate(ranks)})
+    world_size = len(cross_ranks)
+    # Every join is sent before any is waited on.
     join, action = (process_groups.join_cross_group, name, address, port), f"joining cross group {name!r}"
     calls: list[GroupCall] = []
-    cross_ranks: dict[tuple[str, int], int] = {}
-    offset = 0  # the cross rank of the member's lowest rank
     for group, ranks in ordered:
-        cross_ranks.update({(group.name, rank): offset + i for i, rank in enumerate(ranks)})
-        joins = [(*join, offset + i, world_size, backend, timeout_s) for i in range(len(ranks))]
+        joins = [(*join, cross_ranks[group.name, rank], world_size, backend, timeout_s) for rank in ranks]
         calls.append(group.call(HostMethods.rlinfra_run, ranks, joins, action=action))
-        offset += len(ranks)
     try:
         backends = wait_all(calls, timeout_s + DRIVER_MARGIN_S)
     except WorkerGroupError:

@@ -46,13 +46,10 @@ def python_stack(node_id: str, pid: int, timeout_s: float = PY_SPY_TIMEOUT_S + 5
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
     )
     ref = task.remote(pid)
-    ready, _ = ray.wait([ref], timeout=timeout_s)
-    if not ready:
-        ray.cancel(ref, force=True)
-        return None
     try:
-        text = ray.get(ref)
-    except ray.exceptions.RayError:
+        text = ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.RayError:  # no dump in time (GetTimeoutError), or the task failed
+        ray.cancel(ref, force=True)
         return None
     return None if text is None else user_threads(text)
 

@@ -61,17 +61,12 @@ class RestartBudget:
         self.policy = policy or DEFAULT_RESTART
         self._charged: collections.deque[float] = collections.deque()
 
-    def used(self, now: float | None = None) -> int:
-        """Replacements charged within the window ending ``now`` (monotonic seconds)."""
-        now = time.monotonic() if now is None else now
-        while self._charged and now - self._charged[0] > self.policy.within_s:
-            self._charged.popleft()
-        return len(self._charged)
-
     def charge(self, component: str, rank: int, node_rank: int | None) -> None:
         """Count one replacement, or raise ``RestartBudgetExhausted`` if that would exceed the budget."""
         now = time.monotonic()
-        if self.used(now) >= self.policy.max_restarts:
+        while self._charged and now - self._charged[0] > self.policy.within_s:
+            self._charged.popleft()  # charged before the window
+        if len(self._charged) >= self.policy.max_restarts:
             policy = self.policy
             spent = (
                 f"restart budget spent: {policy.max_restarts} replacement(s) within {policy.within_s:g} s "

@@ -7,13 +7,13 @@ callers that bypass the group's guard; and what makes freed memory show as freed
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import gc
 import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import ray
@@ -44,20 +44,19 @@ class TimeSharingError(RuntimeError):
     back, a component it does not time-share."""
 
 
+@dataclass(eq=False, repr=False)
 class ComponentAsleepError(TimeSharingError):
     """A call reached a component that is asleep (or in an unknown state) on those ranks."""
 
-    def __init__(
-        self,
-        component: str,
-        ranks: Sequence[int],
-        method: str,
-        awake: Sequence[str],
-        node_ranks: Sequence[int | None] = (),
-        state: str = ASLEEP,
-    ) -> None:
-        self.component, self.method, self.state = component, method, state
-        self.ranks, self.awake, self.node_ranks = tuple(ranks), tuple(awake), tuple(node_ranks)
+    component: str
+    ranks: Sequence[int]
+    method: str
+    awake: Sequence[str]
+    node_ranks: Sequence[int | None] = ()
+    state: str = ASLEEP
+
+    def __post_init__(self) -> None:
+        self.ranks, self.awake, self.node_ranks = tuple(self.ranks), tuple(self.awake), tuple(self.node_ranks)
         super().__init__(self._render())
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -203,12 +202,10 @@ def resident_set_bytes() -> int:
         return int(statm.read().split()[1]) * _PAGE_BYTES
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        return libc.malloc_trim
+        return ctypes.CDLL(None).malloc_trim  # the C library this process runs on
     except (OSError, AttributeError):  # not glibc: nothing to trim
         return None
 

@@ -149,7 +149,7 @@ class TimeSharing:
 
     def __init__(
         self,
-        groups: Mapping[str, WorkerGroup] | Iterable[WorkerGroup],
+        groups: Iterable[WorkerGroup],
         *,
         awake: str | None = None,
         timeout: float = DEFAULT_SWITCH_TIMEOUT_S,
@@ -174,7 +174,7 @@ class TimeSharing:
         for (name, _), others in self._rank_sharers.items():
             self.sharers[name] = self.sharers[name] | others
         self.time_shared: list[str] = [name for name in self.groups if self.sharers[name]]
-        _check_hooks({name: self.groups[name] for name in self.time_shared})
+        _check_hooks([self.groups[name] for name in self.time_shared])
         self._state: dict[str, str] = dict.fromkeys(self.time_shared, UNKNOWN)
         if awake is not None:
             self._time_shared(awake)
@@ -266,12 +266,11 @@ class TimeSharing:
     def summary(self) -> dict[str, float]:
         """Over ``switches``: their count, and p50/p99/max of the total, sleep and wake seconds."""
         figures: dict[str, float] = {"switches": float(len(self.switches))}
-        for field in ("total_s", "sleep_s", "wake_s"):
-            values = [getattr(switch, field) for switch in self.switches]
-            stem = field.removesuffix("_s")
-            figures[f"{stem}_p50_s"] = statistics.median(values) if values else 0.0
-            figures[f"{stem}_p99_s"] = float(np.percentile(values, 99)) if values else 0.0
-            figures[f"{stem}_max_s"] = max(values, default=0.0)
+        for stem in ("total", "sleep", "wake"):
+            values = [getattr(switch, f"{stem}_s") for switch in self.switches] or [0.0]
+            figures[f"{stem}_p50_s"] = statistics.median(values)
+            figures[f"{stem}_p99_s"] = float(np.percentile(values, 99))
+            figures[f"{stem}_max_s"] = max(values)
         return figures
 
     def resident_bytes(self, component: str, timeout: float = 30.0) -> list[int]:
@@ -320,11 +319,10 @@ class TimeSharing:
         """``wake()`` on every rank of ``component``; meanwhile its sharers that were asleep
         already (those not in ``told``) learn who is awake now, for their own refusals."""
         self._state[component] = UNKNOWN
-        untold = [name for name in self.time_shared if name in self.sharers[component] and name not in told]
         noting = f"time-sharing: noting that {component!r} is awake"
         notes = [
             self.groups[name].call(NOTE_AWAKE, args=(component,), action=noting)
-            for name in untold
+            for name in sorted(self.sharers[component] - set(told))
             if self._state[name] == ASLEEP
         ]
         call = self.groups[component].call(TimeShared.rlinfra_timeshare_wake, action="time-sharing wake")
@@ -376,16 +374,13 @@ class TimeSharing:
         raise ComponentAsleepError(component, ranks, method, awake, nodes, state)
 
 
-def _by_name(groups: Mapping[str, WorkerGroup] | Iterable[WorkerGroup]) -> dict[str, WorkerGroup]:
-    """The groups by component name; a mapping's keys must be the groups' names."""
-    items = list(groups.items()) if isinstance(groups, Mapping) else [(g.name, g) for g in groups]
+def _by_name(groups: Iterable[WorkerGroup]) -> dict[str, WorkerGroup]:
+    """The groups by component name, each given once."""
     named: dict[str, WorkerGroup] = {}
-    for key, group in items:
-        if key != group.name:
-            raise ValueError(f"time-sharing: key {key!r} holds worker group {group.name!r}; use its name")
-        if key in named:
-            raise ValueError(f"time-sharing: component {key!r} is given twice")
-        named[key] = group
+    for group in groups:
+        if group.name in named:
+            raise ValueError(f"time-sharing: component {group.name!r} is given twice")
+        named[group.name] = group
     if not named:
         raise ValueError("time-sharing needs the job's worker groups, e.g. TimeSharing([actor, rollout])")
     return named
@@ -413,22 +408,17 @@ def _sharers(
     }
 
 
-def _check_hooks(groups: Mapping[str, WorkerGroup]) -> None:
+def _check_hooks(groups: Iterable[WorkerGroup]) -> None:
     """Every time-sharing component's class is ``TimeShared`` and implements both hooks."""
     problems = []
-    for name, group in groups.items():
-        cls = group.worker_cls
-        missing = [
-            hook
-            for hook in (SLEEP, WAKE)
-            if not callable(getattr(cls, hook, None)) or getattr(cls, hook) is getattr(TimeShared, hook)
-        ]
-        hooks = ", ".join(f"{hook}()" for hook in missing)
+    for group in groups:
+        cls, component = group.worker_cls, f"component {group.name!r} ({group.worker_cls.__name__})"
+        missing = ", ".join(f"{hook}()" for hook in (SLEEP, WAKE) if not _implements(cls, hook))
+        hooks = f"missing hook(s) {missing}" if missing else "has both hooks"
         if not issubclass(cls, TimeShared):
-            what = f"missing hook(s) {hooks}" if missing else "has both hooks"
-            problems.append(f"component {name!r} ({cls.__name__}) is not a TimeShared worker ({what})")
+            problems.append(f"{component} is not a TimeShared worker ({hooks})")
         elif missing:
-            problems.append(f"component {name!r} ({cls.__name__}) is missing hook(s) {hooks}")
+            problems.append(f"{component} is {hooks}")
     if problems:
         raise TimeSharingError(
             "time-sharing: components that share devices must take turns, but "
@@ -436,3 +426,8 @@ def _check_hooks(groups: Mapping[str, WorkerGroup]) -> None:
             + ". Derive their worker classes from rlinfra.runtime.timesharing.TimeShared and implement "
             "sleep() (release device memory) and wake() (take it back)"
         )
+
+
+def _implements(cls: type, hook: str) -> bool:
+    """Whether ``cls`` has its own ``hook``, not ``TimeShared``'s placeholder."""
+    return callable(getattr(cls, hook, None)) and getattr(cls, hook) is not getattr(TimeShared, hook)

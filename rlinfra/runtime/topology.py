@@ -4,11 +4,12 @@ Ray waits forever for a bundle that asks for a custom resource or a node label i
 so before reserving, every constraint is compared with what each node advertises (its total
 resources and labels, from discovery): what no amount of waiting can satisfy fails at once,
 naming the constraint, the nodes that lack it and the nodes that have it. What is feasible but
-busy is left to the reservation deadline (``rlinfra.runtime.layout.reserve``), whose message
+busy is left to the reservation deadline (``rlinfra.runtime.layout.Layout``), whose message
 then names the constraints too.
 
-After reservation, ``bundle_report`` reads Ray's own answer (``placement_group_table``'s bundle
-→ node id) and sets it beside the plan, so a report shows where each rank's bundle really is.
+After reservation, ``Layout.bundle_report`` reads Ray's own answer (``placement_group_table``'s
+bundle → node id) and sets it beside the plan (a ``BundleNode`` per rank), so a report shows where
+each rank's bundle really is.
 
 Pure functions over plain data (no Ray import); the runtime calls them.
 """
@@ -57,20 +58,19 @@ def check_constraints(
     per_node = plan.per_node()
     problems: list[str] = []
     for component, per_rank in constraints.items():
-        rows = plan.reservations[component]
-        used: dict[tuple[str, Any], set[int]] = {}
-        for row, process in zip(rows, per_rank, strict=True):
+        resources: dict[str, set[int]] = {}  # what the component asks for → the nodes it asks on
+        labels: dict[tuple[str, str], set[int]] = {}
+        for row, process in zip(plan.reservations[component], per_rank, strict=True):
             node = plan.bundle_nodes[row.bundle_index]
             for name, _ in process.resources:
-                used.setdefault(("resource", name), set()).add(node)
-            for key, value in process.labels:
-                used.setdefault(("label", (key, value)), set()).add(node)
+                resources.setdefault(name, set()).add(node)
+            for label in process.labels:
+                labels.setdefault(label, set()).add(node)
         amounts = {name: amount for process in per_rank for name, amount in process.resources}
-        for (kind, what), node_ranks in used.items():
-            if kind == "resource":
-                problems += _resource_problem(component, what, amounts[what], node_ranks, per_node, nodes)
-            else:
-                problems += _label_problem(component, what, node_ranks, nodes)
+        for name, node_ranks in resources.items():
+            problems += _resource_problem(component, name, amounts[name], node_ranks, per_node, nodes)
+        for label, node_ranks in labels.items():
+            problems += _label_problem(component, label, node_ranks, nodes)
     if problems:
         raise TopologyError(
             "the topology constraints cannot be met on this cluster (Ray would wait forever):\n"
@@ -127,17 +127,3 @@ def describe_constraints(constraints: Mapping[str, Sequence[Constraints]]) -> li
         if distinct:
             lines.append(f"component {component!r}: " + " | ".join(c.describe() for c in distinct))
     return lines
-
-
-def bundle_report(
-    plan: LayoutPlan, component: str, bundles_to_node_id: Mapping[int, str], nodes: Sequence[Any]
-) -> list[BundleNode]:
-    """Rank → bundle → node, as planned and as Ray reports it (``bundles_to_node_id`` from
-    ``ray.util.placement_group_table``); ``nodes`` give node id → rank."""
-    rank_of = {node.node_id: node.rank for node in nodes}
-    report = []
-    for rank, row in enumerate(plan.reservations[component]):
-        node_id = bundles_to_node_id.get(row.bundle_index, "")
-        planned = plan.bundle_nodes[row.bundle_index]
-        report.append(BundleNode(rank, row.bundle_index, planned, rank_of.get(node_id), node_id))
-    return report

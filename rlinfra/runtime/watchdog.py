@@ -18,30 +18,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlinfra.runtime.group import WorkerGroup
 
 PROBE_TIMEOUT_S = 1.0  # the workers' answers to "when did you last beat?"
 MIN_RECHECK_S = 0.2  # between two probes of a call whose ranks keep beating
 
 
-class ProgressSource(Protocol):
-    """What the watch asks of a group (``WorkerGroup`` is one)."""
-
-    def heartbeat_ages(self, ranks: Sequence[int], timeout_s: float) -> dict[int, float | None]:
-        """Seconds since each rank last beat, by its own clock (None: never); ranks that did not
-        answer in ``timeout_s`` are left out."""
-        ...
-
-    def stack_of(self, rank: int) -> str:
-        """The rank's Python stack now, or why it could not be had."""
-        ...
-
-
 class StuckWatch:
     """The progress watch of one call, started when the call was issued."""
 
-    def __init__(self, source: ProgressSource, stuck_after: float, started: float) -> None:
-        self.source = source
+    def __init__(self, group: WorkerGroup, stuck_after: float, started: float) -> None:
+        self.group = group
         self.stuck_after = stuck_after
         self.started = started
         self._next_check = started + stuck_after
@@ -55,7 +45,7 @@ class StuckWatch:
         since its last heartbeat or None). Schedules the next probe."""
         now = time.monotonic()
         elapsed = now - self.started
-        ages = self.source.heartbeat_ages(pending, PROBE_TIMEOUT_S)
+        ages = self.group.heartbeat_ages(pending, PROBE_TIMEOUT_S)
         stuck: dict[int, tuple[float, float | None]] = {}
         soonest = self.stuck_after
         for rank in pending:

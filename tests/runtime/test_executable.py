@@ -284,7 +284,7 @@ def test_the_check_names_a_profiler_missing_from_the_path(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no nsys there
-    result = probe_command(WorkerExecutable(None, nsight(output_dir=str(tmp_path))), node_rank=3)
+    result = probe_command(WorkerExecutable(3, None, nsight(output_dir=str(tmp_path))))
     assert result.problem == (
         "'nsys' (nsight profiler) is not on the PATH of node 3 (the PATH its Ray node was started with)"
     )
@@ -295,9 +295,7 @@ def test_the_check_reports_a_profiler_that_refuses_its_options(
 ) -> None:
     executable_file(tmp_path / "nsys", "#!/bin/sh\necho 'unrecognised option --bogus' >&2\nexit 1\n")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    result = probe_command(
-        WorkerExecutable(None, nsight(flags="bogus", output_dir=str(tmp_path))), node_rank=0
-    )
+    result = probe_command(WorkerExecutable(0, None, nsight(flags="bogus", output_dir=str(tmp_path))))
     assert result.problem is not None
     assert "failed on node 0 (exit status 1): unrecognised option --bogus" in result.problem
     assert result.python == sys.executable
@@ -320,7 +318,7 @@ def test_rocprof_sys_runs_the_interpreter_with_its_module(
             "env": {"ROCPROFSYS_FREQ": 100},
         }
     )
-    result = probe_command(WorkerExecutable(sys.executable, config), node_rank=0)
+    result = probe_command(WorkerExecutable(0, sys.executable, config))
     assert result.problem is None
     seen = json.loads((tmp_path / "rocprofsys.json").read_text())
     assert seen["args"] == ["-F", "true", "--trace-c=false"] and seen["freq"] == "100"
@@ -344,7 +342,7 @@ def test_runtime_env_is_none_unless_something_applies_and_holds_only_py_executab
     profiling = nsight(worker_groups="actor", output_dir="/p")
     (env,) = placement.get_strategy("env").get_placement(spec)
     actor = placement.get_strategy("actor").get_placement(spec)
-    assert worker_executable(env, spec, "env", None) == WorkerExecutable("/opt/my venv/bin/python", None)
+    assert worker_executable(env, spec, "env", None) == WorkerExecutable(1, "/opt/my venv/bin/python", None)
     assert worker_runtime_env(env, worker_executable(env, spec, "env", None), "env", "/node/python") == {
         "py_executable": "'/opt/my venv/bin/python'"  # quoted: Ray pastes it into a shell line
     }

@@ -68,7 +68,7 @@ def test_layout_table_is_derived_from_the_placement(cluster, placement):
         assert [r.num_gpus for r in plan.reservations["trainer"]] == [0.5] * 4
         assert [r.num_gpus for r in plan.reservations["inference"]] == [1.0] * 4
         # Ray's own table agrees on which node holds each bundle.
-        by_ray = layout.bundle_nodes()
+        by_ray = ray.util.placement_group_table(layout.pg)["bundles_to_node_id"]
         assert [by_ray[i] for i in range(10)] == [cluster.node(n).node_id for n in plan.bundle_nodes]
 
 

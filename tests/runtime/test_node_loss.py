@@ -65,6 +65,7 @@ def test_a_restarted_node_takes_its_rank_back_and_workers_again(cluster):
     group = Blocker.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
     try:
         assert group.ping().wait() == list(range(6))
-        assert [cluster.node_rank_of(info["node_id"]) for info in group.worker_info] == [0, 0, 1, 1, 2, 2]
+        rank_of = {node.node_id: node.rank for node in cluster.nodes}
+        assert [rank_of[info["node_id"]] for info in group.worker_info] == [0, 0, 1, 1, 2, 2]
     finally:
         group.shutdown()

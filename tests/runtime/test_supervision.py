@@ -147,7 +147,7 @@ def test_removed_ranks_stop_and_come_back_in_their_bundles(launched):
     group = launched("rollout")
     before = by_rank(group)
     group.remove([3])
-    assert group.ranks == [0, 1, 2] and group.removed_ranks == [3]
+    assert group.ranks == [0, 1, 2]
     assert len(group.identity().wait(timeout=30)) == 3  # broadcasts reach the running ranks only
     with pytest.raises(ValueError, match="removed: \\[3\\]"):
         group.execute_on(3)
@@ -163,7 +163,7 @@ def test_elastic_changes_that_cannot_be_made_are_refused(launched):
     group = launched("rollout")
     with pytest.raises(ValueError, match="cannot remove every rank"):
         group.remove([0, 1, 2, 3])
-    with pytest.raises(ValueError, match="are not removed"):
+    with pytest.raises(ValueError, match="running; cannot add 1"):
         group.add([1])
     group.remove([2])
     with pytest.raises(ValueError, match="cannot replace 2"):

@@ -155,7 +155,7 @@ def job(launch, log_dir):
         "rollout": launch(Toy, "rollout", ROLLOUT_MIB, str(log_dir)),
         "reward": launch(Toy, "reward", 8, str(log_dir)),
     }
-    with TimeSharing(groups, timeout=60) as schedule:
+    with TimeSharing(groups.values(), timeout=60) as schedule:
         asleep = {name: schedule.resident_bytes(name) for name in ("actor", "rollout")}
         yield schedule, groups, asleep
 

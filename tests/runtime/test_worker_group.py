@@ -199,7 +199,7 @@ def test_dispatch_broadcast_subset_scatter_split(launched):
     assert rollout.echo.scatter(["a", "b", "c", "d"]).wait() == ["0:a", "1:b", "2:c", "3:d"]
     assert rollout.double.split(list(range(10))).wait() == [2 * i for i in range(10)]
     assert np.array_equal(rollout.double.split(np.arange(6)).wait(), np.arange(6) * 2)
-    with pytest.raises(ValueError, match="3 values for 4 ranks"):
+    with pytest.raises(ValueError, match=r"rollout\.echo: 3 per-rank arguments for 4 ranks"):
         rollout.echo.scatter(["a", "b", "c"])
     with pytest.raises(AttributeError, match="no method 'missing'"):
         rollout.missing()
