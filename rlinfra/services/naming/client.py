@@ -53,16 +53,15 @@ class NamingService:
         namespace: str = DEFAULT_NAMESPACE,
         detached: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     ) -> NamingService:
         """Find the service, or create it (detached: it outlives this driver), and wait until it
-        answers (``start_timeout_s``)."""
+        answers (``DEFAULT_START_TIMEOUT_S``)."""
         _require_ray(name, "connect")
         handle = NamingStore.options(  # type: ignore[attr-defined]  # a Ray actor class
             name=name, namespace=namespace, get_if_exists=True, lifetime="detached" if detached else None
         ).remote()
         client = cls(handle, name, namespace, timeout_s)
-        client._call("connect", "ping", timeout_s=start_timeout_s)
+        client._call("connect", "ping", timeout_s=DEFAULT_START_TIMEOUT_S)
         return client
 
     @classmethod
@@ -149,7 +148,7 @@ class NamingService:
         re-grants and re-registers it after a loss; stop it with ``keeper.stop()``."""
         keeper = LeaseKeeper(self, lease, interval_s if interval_s is not None else lease.ttl_s / 3)
         self._keepers.append(keeper)
-        return keeper.start()
+        return keeper
 
     @contextlib.contextmanager
     def leased(self, ttl_s: float, interval_s: float | None = None) -> Iterator[Lease]:
@@ -191,7 +190,7 @@ class NamingService:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def destroy(self, timeout_s: float | None = None) -> None:
+    def destroy(self) -> None:
         """Kill the service (detached or not) and wait until its name is free, so that a
         ``connect`` right after creates a fresh one. Idempotent."""
         if self._destroyed:
@@ -204,7 +203,7 @@ class NamingService:
         except NamingError:
             return  # already gone
         ray.kill(handle, no_restart=True)
-        deadline = Deadline.after(timeout_s if timeout_s is not None else self.timeout_s)
+        deadline = Deadline.after(self.timeout_s)
 
         def gone() -> bool | None:  # Ray frees the name once the actor is dead
             try:

@@ -27,7 +27,7 @@ class Lease:
     """
 
     def __init__(self, lease_id: str, ttl_s: float) -> None:
-        self._id = lease_id
+        self.id = lease_id  # the server's: replaced (under the lock) when a keeper re-grants it
         self.ttl_s = ttl_s
         self.revoked = False
         # key -> (value, exclusive); exclusive keys are re-claimed with put_if_absent, so a key
@@ -35,10 +35,6 @@ class Lease:
         self._keys: dict[str, tuple[Any, bool]] = {}
         self._pending: set[str] = set()  # keys still to re-register after a re-grant
         self._lock = threading.RLock()
-
-    @property
-    def id(self) -> str:
-        return self._id
 
     @property
     def keys(self) -> list[str]:
@@ -72,9 +68,9 @@ class Lease:
         """Take the id ``grant()`` returns in place of the expired ``failed_id`` and mark every
         key for re-registration; False (and no grant) if the lease was revoked or re-granted."""
         with self._lock:
-            if self.revoked or self._id != failed_id:
+            if self.revoked or self.id != failed_id:
                 return False
-            self._id = grant()
+            self.id = grant()
             self._pending = set(self._keys)
             return True
 
@@ -92,11 +88,11 @@ class Lease:
         return lost
 
     def __repr__(self) -> str:
-        return f"Lease({self._id[:8]}…, ttl_s={self.ttl_s:g}, keys={len(self._keys)})"
+        return f"Lease({self.id[:8]}…, ttl_s={self.ttl_s:g}, keys={len(self._keys)})"
 
 
 class LeaseKeeper:
-    """A daemon thread that keeps one lease alive and repairs it after a loss.
+    """A daemon thread (started at construction) that keeps one lease alive and repairs it after a loss.
 
     Every ``interval_s`` it refreshes the lease; if the service says the lease is gone (this
     process was paused past the TTL, or the service restarted), it grants a new one and re-puts
@@ -117,22 +113,17 @@ class LeaseKeeper:
         self._thread = threading.Thread(
             target=self._run, name=f"rlinfra-lease-keeper-{lease.id[:8]}", daemon=True
         )
-
-    def start(self) -> LeaseKeeper:
         self._thread.start()
-        return self
 
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def stop(self, timeout_s: float | None = None) -> None:
+    def stop(self) -> None:
         """Stop refreshing and join the thread; ``NamingError`` if it does not end in time (a
         call stuck past its own deadline). The lease itself is left to expire (or revoke it)."""
         self._stop.set()
-        if not self._thread.is_alive():
-            return
-        timeout = timeout_s if timeout_s is not None else self.client.timeout_s + 2.0
+        timeout = self.client.timeout_s + 2.0  # a call in flight ends by its own deadline
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise NamingError(

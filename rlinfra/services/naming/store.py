@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -37,7 +37,6 @@ class _Entry:
 class _LeaseState:
     ttl_s: float
     expires_at: float
-    keys: set[str] = field(default_factory=set)  # the keys that live by the lease
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -156,13 +155,8 @@ class NamingStore:
         return state
 
     def _set(self, key: str, value: Any, expires_at: float | None, lease_id: str | None) -> int:
-        old = self._entries.get(key)
-        if old is not None and old.lease_id in self._leases:
-            self._leases[old.lease_id].keys.discard(key)
         self._version += 1
         self._entries[key] = _Entry(value, self._version, expires_at, lease_id)
-        if lease_id is not None:
-            self._leases[lease_id].keys.add(key)
         if expires_at is not None:
             self._push_deadline(expires_at, "key", key)
         self._record(Change(key, "put", value, self._version))
@@ -172,14 +166,15 @@ class NamingStore:
         entry = self._entries.pop(key, None)
         if entry is None:
             return False
-        if entry.lease_id in self._leases:
-            self._leases[entry.lease_id].keys.discard(key)
         self._version += 1
         self._record(Change(key, kind, entry.value, self._version))
         return True
 
     def _end_lease(self, lease_id: str, kind: ChangeKind) -> int:
-        keys = sorted(self._leases.pop(lease_id).keys)
+        """End the lease and remove the keys that live by it (a scan: leases end seldom, and the
+        entries say which lease each key lives by, so nothing else has to be kept in step)."""
+        del self._leases[lease_id]
+        keys = sorted(key for key, entry in self._entries.items() if entry.lease_id == lease_id)
         for key in keys:
             self._remove(key, kind)
         return len(keys)

@@ -28,7 +28,7 @@ import xxhash
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsVerifyError
+from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, check_holds
 from rlinfra.services.weights.transports.base import ReceiverSide
 
 SNAPSHOT_BUCKET_BYTES = buckets.DEFAULT_BUCKET_BYTES
@@ -73,23 +73,12 @@ class AdmissionReceiver(ReceiverSide):
         ``expected`` holds the committed version's checksums; without any (initial weights) the
         peer's are used. Raises ``WeightsVerifyError`` if the version or any bucket differs."""
         snapshot: Snapshot = ray.get(source[0], timeout=SNAPSHOT_FETCH_TIMEOUT_S)
-        checksums = expected.checksums or snapshot.checksums
         taken = Buffers(snapshot.version, snapshot.manifest)
         taken.allocate(None)
         for index, (target, incoming) in enumerate(zip(taken.buckets, snapshot.buckets, strict=True)):
             digest = xxhash.xxh3_64()
             buckets.copy_and_hash(target, incoming, digest)
             taken.checksums[index] = digest.intdigest()
-        problems = []
-        if snapshot.version != expected.version:
-            problems.append(f"the peer serves version {snapshot.version} (expected {expected.version})")
-        mismatched = sorted(i for i, sent in checksums.items() if taken.checksums.get(i) != sent)
-        if mismatched or len(checksums) != len(taken.buckets):
-            problems.append(f"checksum mismatch in bucket(s) {mismatched[:8] or 'count'}")
-        if problems:
-            raise WeightsVerifyError("admission failed: " + "; ".join(problems))
+        check_holds("admission", taken, Expected(expected.version, expected.checksums or snapshot.checksums))
         taken.build_views(self.weights_as_torch)
         self._rlinfra_weights = DoubleBuffers(taken)
-
-
-__all__ = ["AdmissionReceiver", "Snapshot", "WeightsNotAdmittedError"]

@@ -8,7 +8,7 @@ transport that keeps it elsewhere (a GPU, the node's object store) subclasses it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,8 +63,8 @@ class Buffers:
     def allocate(self, spare: Buffers | None) -> None:
         """Buckets for the manifest: ``spare``'s memory where it has the same kind and layout
         (double buffering: the last-but-one version's), else new ones."""
-        sizes = _sizes(self.manifest)
-        if type(spare) is type(self) and _sizes(spare.manifest) == sizes:
+        sizes = [spec.nbytes for spec in self.manifest.buckets]
+        if type(spare) is type(self) and [spec.nbytes for spec in spare.manifest.buckets] == sizes:
             self.buckets = spare.buckets
         else:
             self.buckets = [self.new_bucket(size) for size in sizes]
@@ -89,10 +89,6 @@ class Buffers:
         """Take the checksums made for this process elsewhere, and say what does not hold the very
         bytes that were checked. Private buffers hashed what they hold themselves: nothing to say."""
         return []
-
-
-def _sizes(manifest: Manifest) -> list[int]:
-    return [spec.nbytes for spec in manifest.buckets]
 
 
 class DoubleBuffers:
@@ -133,14 +129,21 @@ class DoubleBuffers:
 
     def verify(self, expected: Expected) -> None:
         """Check the version serving now and the checksum of every bucket as received."""
-        current = self.current
-        elsewhere = current.adopt_checks(expected)  # first: shared weights take their node's checksums
-        mismatched = sorted(i for i, sent in expected.checksums.items() if current.checksums.get(i) != sent)
-        problems = []
-        if current.version != expected.version:
-            problems.append(f"serving version {current.version} (expected {expected.version})")
-        if mismatched:
-            problems.append(f"checksum mismatch in bucket(s) {mismatched[:8]}")
-        problems.extend(elsewhere)
-        if problems:
-            raise WeightsVerifyError("verify failed: " + "; ".join(problems))
+        elsewhere = self.current.adopt_checks(expected)  # first: shared weights take their node's checksums
+        check_holds("verify", self.current, expected, elsewhere)
+
+
+def check_holds(step: str, held: Buffers, expected: Expected, others: Sequence[str] = ()) -> None:
+    """Raise ``WeightsVerifyError`` (``<step> failed: ...``) unless ``held`` is the expected version
+    and hashed to exactly the sender's checksums (a bucket without one on either side differs too);
+    ``others`` are problems the caller found."""
+    problems = []
+    if held.version != expected.version:
+        problems.append(f"holds version {held.version} (expected {expected.version})")
+    sent, got = expected.checksums, held.checksums
+    mismatched = sorted(i for i in sent.keys() | got.keys() if got.get(i) != sent.get(i))
+    if mismatched:
+        problems.append(f"checksum mismatch in bucket(s) {mismatched[:8]}")
+    problems.extend(others)
+    if problems:
+        raise WeightsVerifyError(f"{step} failed: " + "; ".join(problems))

@@ -41,7 +41,6 @@ Staging needs private host memory: ``object_store_shared`` (read-only shared mem
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,7 @@ from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.admission import Snapshot
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsVerifyError
+from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, check_holds
 from rlinfra.services.weights.roles import WeightReceiver
 
 
@@ -58,20 +57,14 @@ class EngineStagingError(ValueError):
     """An engine receiver was asked to stage a version somewhere it cannot exchange with its engine."""
 
 
-@dataclass
 class EngineWeights(Buffers):
-    """The version an engine serves: its own parameters, in the version's bucket layout. Holds no
-    bytes of its own; ``digest`` hashes what the engine holds now."""
-
-    def allocate(self, spare: Buffers | None) -> None:
-        raise TypeError("an engine's weights are the engine's parameters: nothing to allocate")
+    """The version an engine serves: its own parameters (``tensors``), in the version's bucket
+    layout. Holds no bytes of its own (never allocated, its views never built); ``digest`` hashes
+    what the engine holds now."""
 
     def digest(self, index: int) -> int:
         spec = self.manifest.buckets[index]
         return buckets.arrays_checksum(buckets.bucket_views(self.tensors, spec))
-
-    def build_views(self, as_torch: bool) -> None:
-        """The tensors are the engine's already."""
 
 
 class EngineReceiver(WeightReceiver):
@@ -172,17 +165,12 @@ class EngineReceiver(WeightReceiver):
         memory for the next update."""
         super().weights_admit(source, expected)
         taken = self._weights().current
+        del self._rlinfra_weights  # serves nothing until the engine's parameters verify
         self.load_weights(taken.tensors.items())
-        serving = EngineWeights(
-            taken.version, taken.manifest, checksums=dict(taken.checksums), tensors=self.engine_state()
-        )
-        differing = [index for index, digest in taken.checksums.items() if serving.digest(index) != digest]
-        if differing:
-            del self._rlinfra_weights  # serves nothing rather than what did not verify
-            raise WeightsVerifyError(
-                f"admission failed: the engine's parameters after loading version {taken.version} differ "
-                f"from the verified copy in bucket(s) {differing[:8]}"
-            )
+        serving = EngineWeights(taken.version, taken.manifest, tensors=self.engine_state())
+        serving.checksums = {index: serving.digest(index) for index in taken.checksums}
+        loading = f"admission (loading version {taken.version} into the engine)"
+        check_holds(loading, serving, Expected(taken.version, taken.checksums))
         taken.version = -1
         state = DoubleBuffers(serving)
         state.previous = taken
@@ -224,6 +212,3 @@ class EngineReceiver(WeightReceiver):
             held, _ = buckets.pack(engine, spec, out=scratch[: spec.nbytes], hashed=False)
             self.load_weights([(entry.name, host.tensors[entry.name]) for entry in spec.entries])
             np.copyto(bucket, held)
-
-
-__all__ = ["EngineReceiver", "EngineStagingError", "EngineWeights"]

@@ -73,6 +73,3 @@ class LogprobProbe:
                 "what the trainer computes with the weights it was given"
             )
         return worst
-
-
-__all__ = ["DEFAULT_TOLERANCE", "LogprobMismatchError", "LogprobProbe"]

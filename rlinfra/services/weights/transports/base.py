@@ -26,14 +26,11 @@ from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights.buckets import BucketSpec, Manifest
 from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, NodeChecks
 
-# Reasons (from rlinfra.runtime.calls) that mean a worker is gone rather than merely failing.
-GONE = ("the worker process died", "the worker became unreachable", "its node")
-
 
 def gone_ranks(error: BaseException) -> list[int]:
     """The ranks a failed call found gone (their process or node), not merely failing."""
     failures = error.failures.items() if isinstance(error, WorkerGroupError) else []
-    return [rank for rank, failure in failures if failure.reason.startswith(GONE)]
+    return [rank for rank, failure in failures if failure.gone]
 
 
 class Link:

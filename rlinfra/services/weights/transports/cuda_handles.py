@@ -62,11 +62,10 @@ class LiveBuckets:
     """The packed buckets the sender keeps alive until every receiver has copied them.
 
     The sender must not free a bucket a receiver may still be mapping, and must not hold more than
-    ``limit`` at once, or memory is no longer bounded by the bucket size: a third bucket is
+    ``MAX_LIVE_BUCKETS`` at once, or memory is no longer bounded by the bucket size: a third bucket is
     refused (it would mean the driver asked for one before acknowledging the last-but-one).
     """
 
-    limit: int = MAX_LIVE_BUCKETS
     live: dict[int, tuple[Any, int]] = field(default_factory=dict)
     peak_count: int = 0
     peak_bytes: int = 0
@@ -74,10 +73,10 @@ class LiveBuckets:
     def hold(self, index: int, buffer: Any, nbytes: int) -> None:
         if index in self.live:
             raise RuntimeError(f"bucket {index} is already shared")
-        if len(self.live) >= self.limit:
+        if len(self.live) >= MAX_LIVE_BUCKETS:
             raise RuntimeError(
                 f"refusing to share bucket {index}: buckets {sorted(self.live)} are not acknowledged yet "
-                f"and at most {self.limit} may be alive at once"
+                f"and at most {MAX_LIVE_BUCKETS} may be alive at once"
             )
         self.live[index] = (buffer, nbytes)
         self.peak_count = max(self.peak_count, len(self.live))
@@ -133,20 +132,18 @@ def live_buckets() -> LiveBuckets:
 def cuda_info(node_id: str = "") -> CudaInfo:
     """This process's CUDA as the IPC transport needs it; never raises (the reason says why not)."""
     pid = os.getpid()
+    unavailable = functools.partial(CudaInfo, False, pid=pid, node_id=node_id)  # with the reason
     try:
         import torch
     except ImportError:
-        return CudaInfo(False, "torch is not installed", pid=pid, node_id=node_id)
-    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return unavailable("torch is not installed")
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        reason = f"torch {torch.__version__} is built without CUDA"
-        return CudaInfo(False, reason, pid=pid, node_id=node_id)
+        return unavailable(f"torch {torch.__version__} is built without CUDA")
     if not torch.cuda.is_available():
-        reason = f"torch.cuda.is_available() is False (CUDA_VISIBLE_DEVICES={visible_env!r})"
-        return CudaInfo(False, reason, pid=pid, node_id=node_id)
+        visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return unavailable(f"torch.cuda.is_available() is False (CUDA_VISIBLE_DEVICES={visible_env!r})")
     visible = tuple(device_uuid(index) for index in range(torch.cuda.device_count()))
-    current = visible[torch.cuda.current_device()]
-    return CudaInfo(True, "", current, visible, pid, node_id)
+    return CudaInfo(True, "", visible[torch.cuda.current_device()], visible, pid, node_id)
 
 
 def device_uuid(index: int) -> str:
