@@ -17,7 +17,7 @@ from typing import Any
 from examples.grpo_lm.lm.config import GRPOConfig
 from rlinfra import driver
 from rlinfra.driver import JobConfigError, parse_config
-from rlinfra.engines.vllm import VLLMSettings, VLLMUnavailableError, require_vllm
+from rlinfra.engines.vllm import VLLMUnavailableError, require_vllm
 
 # What only the model the job builds itself uses (with model.path they would be silently ignored).
 BUILT_LOCALLY = frozenset(
@@ -61,7 +61,6 @@ class RunSettings(driver.RunSettings):
     """``run``: rlinfra's settings, with this job's defaults and the transports that can fill an
     engine receiver's private host memory."""
 
-    entrypoint: str = "examples.grpo_lm.job:main"  # read by ``rlinfra run``, not by the job
     output_dir: str = "outputs/grpo_lm"
     checkpoint_every: int = field(default=10, metadata={"at_least": 1})  # updates
     transport: str = field(default="object_store", metadata={"one_of": ENGINE_TRANSPORTS, "why": STAGED})
@@ -108,10 +107,3 @@ def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
         except VLLMUnavailableError as error:
             raise JobConfigError(f"engine.name: vllm: {error}") from None
     return job
-
-
-def check_engine(job: JobConfig, start_path: str) -> None:
-    """The vLLM engine refuses (``VLLMSettingsError``), before Ray starts, a model it cannot serve
-    faithfully."""
-    if job.engine.name == "vllm":
-        VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()

@@ -21,33 +21,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from rich.console import Console
 
-from examples.grpo_lm.config import JobConfig, check_engine, parse_job_config
+from examples.grpo_lm.config import JobConfig, parse_job_config
 from examples.grpo_lm.lm.model import ModelLoadError
 from examples.grpo_lm.lm.rollout import sample_seed
 from examples.grpo_lm.lm.task import PromptSampler, heldout_prompts
 from examples.grpo_lm.lm.warmup import start_checkpoint
 from examples.grpo_lm.reward import RewardWorker
 from examples.grpo_lm.workers import Policy, RolloutWorker
-from rlinfra.driver import Batch, Job, JobConfigError, Run, RunResult, RunState, job_main
-from rlinfra.engines.vllm import VLLMSettingsError
+from rlinfra.driver import Batch, Job, JobConfigError, Run, RunResult, RunState, job_main, read_metrics
+from rlinfra.engines.vllm import VLLMSettings, VLLMSettingsError
 
 
 @dataclass
 class GRPOState(RunState):
-    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "curve", "warm_accuracy")
+    CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "warm_accuracy")
     KEPT_ON_REWIND: ClassVar = ("training_s", "warm_accuracy")
 
-    curve: list[list[float]] = field(default_factory=list)  # [iteration, time_s, accuracy] per evaluation
     warm_accuracy: float | None = None  # held-out accuracy of the start checkpoint (iteration 0)
-
-    @property
-    def accuracy(self) -> float | None:
-        return self.curve[-1][2] if self.curve else self.warm_accuracy
 
 
 class GRPOJob(Job):
@@ -65,8 +60,9 @@ class GRPOJob(Job):
         return None if warm is None else warm + self.algo.target_gain
 
     def curve(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        warm = [[0, 0.0, self.state.warm_accuracy]] if self.state.warm_accuracy is not None else []
-        return [{"iteration": i, "time_s": t, "accuracy": a} for i, t, a in warm + self.state.curve]
+        """The start checkpoint's held-out accuracy (iteration 0), then every evaluation's."""
+        warm = {"iteration": 0, "time_s": 0.0, "accuracy": self.state.warm_accuracy}
+        return [{key: r[key] for key in warm} for r in [warm, *records] if r.get("accuracy") is not None]
 
     def check(self, run: Run) -> None:
         self.per_engine = run.share(self.algo.prompts_per_step, "rollout", "algo.prompts_per_step")
@@ -132,8 +128,6 @@ class GRPOJob(Job):
             run.commit()  # into the engines, before they generate again
         accuracy = self._evaluate(run) if state.iteration % algo.eval_every == 0 or last else None
         run.tick()
-        if accuracy is not None:
-            state.curve.append([state.iteration, round(state.training_s, 3), accuracy])
         if not self.overlap and not last:
             self._generate(run)
         tokens = sum(b.value["tokens"] for b in batches)
@@ -148,11 +142,9 @@ class GRPOJob(Job):
         } | learned
 
     def _learn(self, run: Run, batches: list[Batch]) -> dict[str, Any]:
-        """Drop batches older than ``max_staleness``, score the rest, update, stage the new version."""
-        for batch in batches:  # the engine stamps every sequence; one version per batch
-            stamped = {completion.weight_version for completion in batch.value["completions"]}
-            if stamped != {batch.value["version"]}:
-                raise RuntimeError(f"rollout:{batch.rank} returned sequences of versions {sorted(stamped)}")
+        """Drop batches older than ``max_staleness``, score the rest, update, stage the new version.
+        A batch has one version: both engines generate it within one ``serving()`` block, which
+        stamps every sequence with it."""
         fresh = run.fresh(batches, self.algo.max_staleness, lambda b: int(b.value["version"]))
         if not fresh:
             run.updated([])
@@ -173,16 +165,14 @@ class GRPOJob(Job):
         )
 
     def outcome(self, result: RunResult) -> dict[str, Any]:
-        return {
-            "relation": result.relations.get("actor-rollout", ""),
-            "warm_accuracy": self.state.warm_accuracy,
-            "accuracy": self.state.accuracy,
-            "target_gain": self.algo.target_gain,
-            "curve": self.curve([]),
-        }
+        """The held-out curve, from the metrics (rewound and resumed with them), and its last point."""
+        curve = self.curve(read_metrics(result.output_dir))
+        accuracy = curve[-1]["accuracy"] if curve else None
+        return {"warm_accuracy": self.state.warm_accuracy, "accuracy": accuracy, "curve": curve}
 
     def report(self, result: RunResult) -> list[str]:
-        shown = ["—" if a is None else f"{a:.3f}" for a in (self.state.warm_accuracy, self.state.accuracy)]
+        accuracies = (self.state.warm_accuracy, self.outcome(result)["accuracy"])
+        shown = ["—" if a is None else f"{a:.3f}" for a in accuracies]
         return [f"held-out exact match {shown[0]} (warm-up) → {shown[1]}"]
 
 
@@ -192,7 +182,8 @@ def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
     job, console = parse_job_config(cfg), options.setdefault("console", Console())
     with console.status("the start checkpoint (a warm-up runs once, then is cached under algo.cache_dir)"):
         start_path = start_checkpoint(job.model.path, job.algo.cache_dir, job.algo.grpo(), console.print)
-    check_engine(job, start_path)  # a model that cannot load, or that vLLM cannot serve: before Ray
+    if job.engine.name == "vllm":  # a model vLLM cannot serve faithfully is refused before Ray starts
+        VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
     return Run(GRPOJob(job, start_path), cfg, **options).execute()
 
 

@@ -70,10 +70,9 @@ class VLLMRolloutWorker(VLLMEngine):
         completions = self.sampler.generate(
             prompts, cfg.group_size, cfg.max_new_tokens, temperature=cfg.temperature, seed=seed
         )
-        versions = {completion.weight_version for completion in completions}
         return {
             "completions": completions,
-            "version": min(versions),  # one call serves one version (the job checks the stamps)
+            "version": completions[0].weight_version,  # one call, one version: sample stamps it on each
             "tokens": sum(len(c.completion_ids) for c in completions),
             "cache_dropped": True,  # vLLM's prefix cache is reset by every swap (weights_loaded)
             "seconds": time.perf_counter() - started,

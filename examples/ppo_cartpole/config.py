@@ -23,7 +23,6 @@ from rlinfra.driver import JobConfigError, parse_config
 class RunSettings(driver.RunSettings):
     """The ``run`` section: rlinfra's settings and how long an env worker waits for actions."""
 
-    entrypoint: str = "examples.ppo_cartpole.job:main"  # read by ``rlinfra run``, not by the job
     output_dir: str = "outputs/ppo_cartpole"
     request_timeout_s: float = field(default=60.0, metadata={"above": 0})  # for one batch of actions
 

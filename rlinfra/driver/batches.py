@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-TRAINED, DROPPED, LOST, ROLLED_BACK = "trained", "dropped", "lost", "rolled_back"
+ENDINGS = TRAINED, DROPPED, LOST, ROLLED_BACK = "trained", "dropped", "lost", "rolled_back"
 
 
 class BatchLedgerError(RuntimeError):
@@ -30,7 +30,7 @@ class BatchLedgerError(RuntimeError):
 
 @dataclass
 class BatchLedger:
-    """Every batch id issued this run, and how each ended (``TRAINED``, ``DROPPED``, ``LOST``)."""
+    """Every batch id issued this run, and how each ended (one of ``ENDINGS``)."""
 
     issued: list[str] = field(default_factory=list)
     ended: dict[str, str] = field(default_factory=dict)
@@ -52,14 +52,13 @@ class BatchLedger:
             self._end(batch_id, TRAINED)
             self.trained_in[batch_id] = iteration
 
-    def rolled_back(self, after_iteration: int) -> list[str]:
+    def rolled_back(self, after_iteration: int) -> None:
         """The updates after ``after_iteration`` were lost with the trainer: their batches end as
-        rolled back (never trained on again: their iterations get new batches). Returns them."""
+        rolled back (never trained on again: their iterations get new batches)."""
         undone = [i for i, iteration in self.trained_in.items() if iteration > after_iteration]
         for batch_id in undone:
             self.ended[batch_id] = ROLLED_BACK
             del self.trained_in[batch_id]
-        return undone
 
     def dropped(self, batch_ids: Iterable[str]) -> None:
         for batch_id in batch_ids:
@@ -84,12 +83,5 @@ class BatchLedger:
     def summary(self) -> dict[str, Any]:
         """Counts for the run's summary: issued, each ending, still open and duplicated."""
         counts = Counter(self.ended.values())
-        return {
-            "issued": len(self.issued),
-            TRAINED: counts[TRAINED],
-            DROPPED: counts[DROPPED],
-            LOST: counts[LOST],
-            ROLLED_BACK: counts[ROLLED_BACK],
-            "open": len(self.open_ids),
-            "duplicated": len(self.duplicates),
-        }
+        summary = {"issued": len(self.issued)} | {how: counts[how] for how in ENDINGS}
+        return summary | {"open": len(self.open_ids), "duplicated": len(self.duplicates)}

@@ -63,7 +63,7 @@ class CheckpointStore:
         self.root = Path(folder) / FOLDER
         self.latest_path = self.root / LATEST
 
-    def save(self, step: int, payloads: Mapping[str, bytes], state: Mapping[str, Any]) -> Path:
+    def save(self, step: int, payloads: Mapping[str, bytes], state: Mapping[str, Any]) -> None:
         """Write step ``step``: each payload (``name`` → bytes) and the driver's ``state`` (must be
         JSON: a value JSON cannot hold is refused before anything is written)."""
         state_json = json.dumps(dict(state), allow_nan=False)  # fails before any file is touched
@@ -81,7 +81,6 @@ class CheckpointStore:
         for old in steps[:-KEEP]:  # only now: the previous checkpoint stays whole until this one is
             if old != step_dir:
                 shutil.rmtree(old, ignore_errors=True)
-        return self.latest_path
 
     def load_latest(self) -> Checkpoint | None:
         """The last committed checkpoint, checked; None when there is none. A pickle that older

@@ -64,9 +64,7 @@ def job_main(
         return USAGE_ERROR
     except RUN_FAILURES as error:
         notes = "\n".join(getattr(error, "__notes__", []))
-        errors.print(
-            Text.assemble(("the run failed: ", "bold red"), str(error), "\n", notes), highlight=False
-        )
+        errors.print(Text.assemble(("the run failed: ", "bold red"), f"{error}\n{notes}"), highlight=False)
         return FAILED
     console.print(result.report(), highlight=False, soft_wrap=True)
     return INTERRUPTED if result.interrupted else 0

@@ -60,7 +60,7 @@ class FailureReport:
     attempts: list[Restart] = field(default_factory=list)  # replacements and restarts, in order
     committed_version: int | None = None  # the weight version every rollout worker serves
     checkpoint: dict[str, Any] | None = None  # {"iteration": …, "path": …} of the last one saved
-    resume: str = ""  # the command that continues the run
+    resume: str = ""  # the command that continues the run (``of_run`` says it)
     details: dict[str, Any] = field(default_factory=dict)  # e.g. the batch ledger's counts
 
     @classmethod
@@ -113,8 +113,7 @@ class FailureReport:
         saved = self.checkpoint
         last = f"iteration {saved['iteration']} at {saved['path']}" if saved is not None else "none"
         lines.append(f"last checkpoint: {last}")
-        if self.resume:
-            lines.append(f"to resume: {self.resume}")
+        lines.append(f"to resume: {self.resume}")
         return "\n".join(lines)
 
 

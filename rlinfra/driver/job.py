@@ -30,7 +30,6 @@ class Job:
 
     title = "RL"  # the progress bar's label, the curve's title
     components: tuple[str, ...] = ()  # what the YAML must place, in the order placement.json shows
-    trainer_payload = "actor"  # the checkpoint file the trainer's state is saved as
     unit = "iteration"  # what the job calls one iteration, in messages
     target_key = ""  # the record key the target is set on ("": no target)
     stop_at_target = True

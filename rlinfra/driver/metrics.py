@@ -26,19 +26,18 @@ STEP = "iteration"  # the record key TensorBoard's x axis is
 class MetricsLog:
     """Appends one record per step to ``folder/metrics.jsonl`` and, with ``tensorboard``, each of
     its finite numbers as a scalar (tag = key, x = the record's ``iteration``) to
-    ``folder/tensorboard``. ``resume`` continues both instead of starting them again."""
+    ``folder/tensorboard``. ``resume_at`` (a step) continues both from that step, the later ones
+    forgotten (they are redone), instead of starting them again."""
 
-    def __init__(self, folder: Path, resume: bool, *, tensorboard: bool = True):
+    def __init__(self, folder: Path, resume_at: int | None = None, *, tensorboard: bool = True):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / METRICS_FILE
         self.tensorboard_dir = folder / TENSORBOARD_DIR if tensorboard else None
-        if not resume and self.tensorboard_dir is not None:
+        if resume_at is None and self.tensorboard_dir is not None:
             for old in self.tensorboard_dir.glob("events.out.tfevents.*"):
                 old.unlink()  # a fresh run's curves must not be drawn over the last run's
-        self._file = self.path.open("a" if resume else "w", encoding="utf-8")
-        last = read_metrics(folder)[-1:] if resume else []
-        self._events = len(read_events(folder)) if resume else 0
-        self._board = self._open_board(purge_after=last[0].get(STEP) if last else None)
+        self._events = len(read_events(folder)) if resume_at is not None else 0
+        self._open(resume_at)
 
     def write(self, record: Mapping[str, Any]) -> None:
         finite = _finite(record)
@@ -67,32 +66,35 @@ class MetricsLog:
     def rewind(self, step: int) -> None:
         """Forget every record after ``step`` (the trainer was restarted from that checkpoint and
         redoes them): both files keep each step once."""
-        self._file.close()
-        kept = [r for r in _read_lines(self.path.parent) if "event" in r or r[STEP] <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        self._file = self.path.open("a", encoding="utf-8")
-        if self._board is not None:
-            self._board.close()
-            self._board = self._open_board(purge_after=step)
+        self.close()
+        self._open(step)
 
     def close(self) -> None:
         self._file.close()
         if self._board is not None:
             self._board.close()
 
-    def _open_board(self, purge_after: int | None) -> Any:
-        """A TensorBoard writer; with ``purge_after``, events of later steps are dropped."""
-        if self.tensorboard_dir is None:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as error:
-            raise ImportError(
-                "run.tensorboard is on but TensorBoard is not installed: pip install tensorboard "
-                "(or set run.tensorboard=false)"
-            ) from error
-        purge_step = None if purge_after is None else int(purge_after) + 1
-        return SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge_step, flush_secs=5)
+    def _open(self, step: int | None) -> None:
+        """Both logs, keeping the events and every record up to ``step`` (None: no record); later
+        steps' TensorBoard events are dropped by its ``purge_step``."""
+        records = _read_lines(self.path.parent) if step is not None else []
+        kept = [r for r in records if "event" in r or r[STEP] <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        self._file = self.path.open("a", encoding="utf-8")
+        self._board = None if self.tensorboard_dir is None else _board(self.tensorboard_dir, step)
+
+
+def _board(folder: Path, purge_after: int | None) -> Any:
+    """A TensorBoard writer; with ``purge_after``, events of later steps are dropped."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:
+        raise ImportError(
+            "run.tensorboard is on but TensorBoard is not installed: pip install tensorboard "
+            "(or set run.tensorboard=false)"
+        ) from error
+    purge_step = None if purge_after is None else int(purge_after) + 1
+    return SummaryWriter(log_dir=str(folder), purge_step=purge_step, flush_secs=5)
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:

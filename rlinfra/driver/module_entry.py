@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-USAGE_ERROR = 2  # the exit status of a config that cannot be composed, as every rlinfra command's
+from .entry import USAGE_ERROR  # a config that cannot be composed is the user's to fix
 
 
 def compose_config(config_dir: Path, name: str, overrides: Sequence[str]) -> Any:

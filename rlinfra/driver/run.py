@@ -25,7 +25,6 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,12 @@ from rlinfra.driver.metrics import MetricsLog, read_metrics
 from rlinfra.driver.signals import CtrlC, sigint_ignored
 from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.placement import ComponentPlacement, PlacementError
-from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.rendezvous import bring_up
-from rlinfra.runtime.supervision import Restart, RestartBudget
+from rlinfra.runtime.supervision import REFUSED, RESTARTED, Restart, RestartBudget, RestartBudgetExhausted
 from rlinfra.runtime.timesharing import TimeSharing
 from rlinfra.services.weights import WeightSync
 from rlinfra.services.weights.probe import LogprobProbe, Sequences
@@ -54,30 +52,23 @@ from rlinfra.views.plan_view import render_plan
 from .entry import plot_curve
 from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult
 from .job_config import JobConfigError
-from .supervised import StartTrainer, SupervisedSteps, TrainerRestarter
+from .supervised import Pending, SupervisedSteps
 
 PLACEMENT_FILE = "placement.json"
+TRAINER = "actor"  # the trainer's component, and the checkpoint file its state is saved as
 CURVE_FILE = "curve.png"
-
-
-@dataclass
-class Pending:
-    """Batches being made: one call, one batch id per rank; ``args(rank, batch_id)`` are a rank's."""
-
-    group: WorkerGroup
-    method: Callable[..., Any]
-    args: Callable[[int, str], tuple[Any, ...]]
-    ids: dict[int, str]
-    call: GroupCall
+StartTrainer = Callable[[bytes | None, int | None], int]
+"""``start(checkpoint, publish_above)``: the trainer group (``run.trainer``) launched and restored
+from ``checkpoint`` (None: from scratch), its weight version above ``publish_above``; returns it."""
 
 
 class Run(SupervisedSteps):
     """One run of ``job`` on the config ``cfg`` (its ``cluster`` section is rlinfra's); the calls
-    that ride out faults (``retried``, ``on_trainer``, ``heal``) are ``SupervisedSteps``'.
-    ``cluster``: an existing cluster to use and leave running; ``on_iteration`` sees each record
-    as it is written; ``between_batches(run)`` runs at an iteration's first ``commit``, when no
-    batch is in flight (elastic scaling: ``run.resize``); ``resume`` continues from the last checkpoint in
-    ``run.output_dir``."""
+    that ride out faults (``retried``, ``generate``/``gather``, ``lost``, ``on_trainer``, ``heal``)
+    are ``SupervisedSteps``'. ``cluster``: an existing cluster to use and leave running;
+    ``on_iteration`` sees each record as it is written; ``between_batches(run)`` runs at an
+    iteration's first ``commit``, when no batch is in flight (elastic scaling: ``run.resize``);
+    ``resume`` continues from the last checkpoint in ``run.output_dir``."""
 
     def __init__(
         self,
@@ -103,11 +94,11 @@ class Run(SupervisedSteps):
         # The trainer's payload and the driver's state a restart goes back to (none: the start).
         self._last_checkpoint: tuple[bytes | None, dict[str, Any] | None] = (None, None)
         if saved is not None:
-            self._last_checkpoint = (saved.payloads[job.trainer_payload], saved.state)
+            self._last_checkpoint = (saved.payloads[TRAINER], saved.state)
             self.state.load(saved.state)
-        self.log = MetricsLog(self.output, resume=resume, tensorboard=self.settings.tensorboard)
-        if resume:
-            self.log.rewind(self.state.iteration)  # iterations logged after the checkpoint are redone
+        # Iterations logged after the checkpoint are redone: the log continues from it.
+        resume_at = self.state.iteration if resume else None
+        self.log = MetricsLog(self.output, resume_at, tensorboard=self.settings.tensorboard)
         self._given_cluster = cluster
         self.cluster: Cluster = cluster  # type: ignore[assignment]  # set in execute before any use
         self.placement: ComponentPlacement
@@ -115,7 +106,6 @@ class Run(SupervisedSteps):
         self.trainer: WorkerGroup = None  # type: ignore[assignment]  # start_trainer sets it
         self.sync: WeightSync | None = None
         self.supervisor: Supervisor | None = None
-        self.recoveries = self.state.recoveries
         self.turns: TimeSharing | None = None
         self.staged_version: int | None = None  # trained and staged on the receivers, not yet served
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}  # the last stage and commit
@@ -123,9 +113,8 @@ class Run(SupervisedSteps):
         self.logprob_mismatch: float | None = None  # the probe's, at the last committed version
         self._groups: list[WorkerGroup] = []
         self._in_flight: list[Pending] = []
-        self._start_trainer: StartTrainer | None = None
+        self._restart_with: tuple[StartTrainer, RestartBudget] | None = None  # start_trainer's
         self._awake: str | None = None
-        self._restarter: TrainerRestarter | None = None
         self._updated = self._between_done = False
         self._freshness: dict[str, int] = {}  # the last ``fresh`` call's, for the record
 
@@ -152,7 +141,7 @@ class Run(SupervisedSteps):
             result.outcome = FAILED
             self._end_open_batches()
             if self.supervisor is not None:  # launched: the run failed, report it
-                attempts = [*self.supervisor.restarts, *state.trainer_restarts]
+                attempts = [*state.trainer_restarts, *(r for group in self._groups for r in group.restarts)]
                 version = self.sync.version if self.sync is not None else None
                 FailureReport.of_run(error, self.output, attempts, version, state.ledger.summary())
             raise
@@ -308,25 +297,23 @@ class Run(SupervisedSteps):
         self._groups.append(launched)
         return launched
 
-    def start_trainer(
-        self, make: Callable[[], WorkerGroup], *, name: str = "actor", backend: str = "gloo"
-    ) -> int:
-        """Launch the trainer group ``make()`` as ``name``, bring up its process group and call its
+    def start_trainer(self, make: Callable[[], WorkerGroup], *, backend: str = "gloo") -> int:
+        """Launch the trainer group ``make()`` as ``actor``, bring up its process group and call its
         ``setup(checkpoint, publish_above)`` (restored from the resumed checkpoint, if any); the
         same again, into the same bundles, when it is restarted. Returns its weight version."""
 
-        def start(checkpoint: bytes | None, publish_above: int | None) -> tuple[WorkerGroup, int]:
+        def start(checkpoint: bytes | None, publish_above: int | None) -> int:
             if self.trainer is not None:
                 self._groups.remove(self.trainer)
-            self.trainer = self.launch(name, make())
+            self.trainer = self.launch(TRAINER, make())
             bring_up(self.trainer, backend=backend)
             version = int(self.trainer.setup(checkpoint, publish_above).wait()[0])
             if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
                 self.turns.rejoin(self.trainer)
-            return self.trainer, version
+            return version
 
-        self._start_trainer = start
-        return start(self._last_checkpoint[0], None)[1]
+        self._restart_with = (start, RestartBudget(self.placement.get_strategy(TRAINER).restart))
+        return start(self._last_checkpoint[0], None)
 
     def connect_weights(
         self, receivers: WorkerGroup, version: int, first: Callable[[WorkerGroup], Any] | None = None
@@ -355,10 +342,6 @@ class Run(SupervisedSteps):
         a node is lost. The trainer is watched: a lost rank restarts it from its checkpoint."""
         watched = [self.trainer] if self.trainer is not None else []
         self.supervisor = Supervisor(groups, self.sync, rewire, watched=watched, shrinkable=shrinkable)
-        if self._start_trainer is not None and self.sync is not None:
-            budget = RestartBudget(self.placement.get_strategy(self.trainer.name).restart)
-            restarts = self.state.trainer_restarts
-            self._restarter = TrainerRestarter(budget, self._start_trainer, self.sync, self, restarts)
 
     def time_share(self, groups: Sequence[WorkerGroup], awake: str) -> None:
         """When ``groups`` share devices (the layout colocates the trainer with ``awake``), they
@@ -386,15 +369,11 @@ class Run(SupervisedSteps):
     def resize(self, component: str, *, add: Sequence[int] = (), remove: Sequence[int] = ()) -> None:
         """Elastic: stop ranks of a supervised ``component`` or start stopped ones again (admitted at
         the served version), between batches (``between_batches``)."""
-        assert self.supervisor is not None
-        self.supervisor.resize(self.group(component), add=add, remove=remove)
-
-    def group(self, component: str) -> WorkerGroup:
-        """The launched group of ``component``."""
+        assert self.supervisor is not None  # execute supervises before the first batch
         found = [group for group in self._groups if group.name == component]
         if not found:
             raise KeyError(f"no launched component {component!r}; launched: {[g.name for g in self._groups]}")
-        return found[0]
+        self.supervisor.resize(found[0], add=add, remove=remove)
 
     def after_heal(self) -> None:
         """After every recovery: say so everywhere, and put a replaced engine back to sleep when it
@@ -433,39 +412,6 @@ class Run(SupervisedSteps):
         self.console.print(f"[yellow]recovered[/] {line}", highlight=False, soft_wrap=True)
 
     # ------------------------------------------------------------------------------ batches
-    def generate(
-        self,
-        group: WorkerGroup,
-        method: Callable[..., Any],
-        args: Callable[[int, str], tuple[Any, ...]],
-    ) -> Pending:
-        """Every rank of ``group`` calls ``method(*args(rank, batch_id))`` to make one batch, under a
-        batch id issued now; ``gather`` collects them."""
-        pending = self._issue(group, method, args, list(group.ranks))
-        self._in_flight.append(pending)
-        return pending
-
-    def _issue(self, group: WorkerGroup, method: Any, args: Any, ranks: list[int]) -> Pending:
-        ids = {rank: self.state.ledger.issue(f"{group.name}:{rank}") for rank in ranks}
-        call = group.call(method, ranks, per_rank=[args(rank, ids[rank]) for rank in ranks])
-        return Pending(group, method, args, ids, call)
-
-    def gather(self, pending: Pending) -> list[Batch]:
-        """Every rank's batch, in rank order. One cut short by a dead worker is never used: its id
-        is lost, the worker replaced, and the batch made again under a new id."""
-
-        def remake(ranks: list[int]) -> GroupCall:
-            again = self._issue(pending.group, pending.method, pending.args, ranks)
-            pending.ids.update(again.ids)
-            return again.call
-
-        ledger = self.state.ledger
-        done = self.gathered(
-            pending.call, lost=lambda ranks: ledger.lost(pending.ids[r] for r in ranks), remake=remake
-        )
-        self._in_flight.remove(pending)
-        return [Batch(rank, pending.ids[rank], done[rank]) for rank in sorted(done)]
-
     def fresh(
         self, batches: Sequence[Batch], max_staleness: int, version: Callable[[Batch], int]
     ) -> list[Batch]:
@@ -481,13 +427,6 @@ class Run(SupervisedSteps):
         oldest = min(versions, default=learner)
         self._freshness = {"batch_version": oldest, "staleness": learner - oldest, "dropped": len(stale)}
         return [b for b, v in paired if learner - v <= max_staleness]
-
-    def lost(self, batches: Sequence[Batch]) -> None:
-        """Batches whose maker died after making them (the trainer could not use them): their ids
-        end as lost, and whoever is gone now is replaced."""
-        self.state.ledger.lost(b.id for b in batches)
-        with contextlib.suppress(_NobodyGone):
-            self.heal(_NobodyGone("a worker died"))
 
     def updated(self, batch_ids: Iterable[str]) -> None:
         """The trainer updated on ``batch_ids`` (as it reports them): they are trained, the
@@ -505,7 +444,7 @@ class Run(SupervisedSteps):
         payload = self.job.trainer_state(self)
         saved = self.state.checkpointed()
         self._last_checkpoint = (payload, saved)
-        self.store.save(self.state.iteration, {self.job.trainer_payload: payload}, saved)
+        self.store.save(self.state.iteration, {TRAINER: payload}, saved)
 
     def tick(self) -> None:
         """Count the training seconds (across resumes) up to now."""
@@ -531,10 +470,8 @@ class Run(SupervisedSteps):
         self.sync_s["prepare_s"] = self.retried(lambda: sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version
         if probe is not None:
-            trainer_logprobs = self.trainer.execute_on(0).probe_logprobs
-            self.on_trainer(
-                lambda: probe.expect(version, lambda sequences: trainer_logprobs(sequences).wait()[0])
-            )
+            logprobs = self.trainer.execute_on(0).probe_logprobs  # rank 0's
+            self.on_trainer(lambda: probe.expect(version, lambda sequences: logprobs(sequences).wait()[0]))
 
     def commit(self) -> None:
         """Pause → swap → verify → resume for the staged version, if any (staged again first if a
@@ -543,15 +480,14 @@ class Run(SupervisedSteps):
         if self.between_batches is not None and not self._between_done:
             self._between_done = True
             self.between_batches(self)
-        version, sync = self.staged_version, self.sync
+        version, sync, probe = self.staged_version, self.sync, self._probe
         if version is None or sync is None:
             return
         report = self.retried(lambda: sync.commit_version(version))
         self.sync_s["pause_s"], self.sync_s["held_s"] = report.pause_s, report.held_s
         self.state.served_versions.append(sync.version)
         self.staged_version = None
-        if self._probe is not None:
-            probe = self._probe
+        if probe is not None:
             self.logprob_mismatch = self.retried(lambda: probe.check(version, sync.receivers))
 
     def probe(self, sequences: Sequences, tolerance: float) -> None:
@@ -570,29 +506,55 @@ class Run(SupervisedSteps):
 
     def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
         """Bring the trainer back from the last checkpoint (or its start), serving its weights above
-        the last version; drop what was in flight (made with the lost trainer's weights); rewind
-        the state, the metrics and the ledger to that checkpoint: the iterations since are redone."""
-        if self._restarter is None:
-            raise loss
+        the last version (``_new_trainer``); drop what was in flight (made with the lost trainer's
+        weights); rewind the state, the metrics and the ledger to that checkpoint: the iterations
+        since are redone."""
         for pending in self._in_flight:
             with contextlib.suppress(WorkerGroupError):
                 pending.call.wait()
         self._in_flight.clear()
-        state = self.state
         payload, saved = self._last_checkpoint
         back_to = int(saved["iteration"]) if saved is not None else 0
         detail = f"from the checkpoint of {self.job.unit} {back_to}" if saved else "from its start"
-        self.trainer, restart = self._restarter.restart(self.trainer, loss, payload, detail)
-        state.served_versions.append(self.served_version)
-        state.ledger.dropped(state.ledger.open_ids)
-        state.ledger.rolled_back(after_iteration=back_to)
-        state.rewind(saved)
+        restart = self._new_trainer(loss, payload, detail)
+        self.state.served_versions.append(self.served_version)
+        self.state.rewind(saved)
         self.log.rewind(back_to)
         self.staged_version = None
         if self._awake is not None:  # the restarted trainer came back asleep
             self.turn(self._awake)
         self._event(restart, restart.took_s, restored_iteration=back_to)
 
-
-class _NobodyGone(RuntimeError):
-    """What ``lost`` hands ``Supervisor.heal``, which re-raises it when nobody died."""
+    def _new_trainer(self, loss: UnsupervisedLoss, checkpoint: bytes | None, restored_from: str) -> Restart:
+        """A data-parallel rank cannot be replaced in place (its peers sit in a collective with
+        it), so the whole trainer group is, charged to its ``restart`` budget: stopped, started
+        again in the same bundles with a fresh rendezvous from ``checkpoint``, and its weights
+        published through the barrier as the version above the one served (versions only rise),
+        so every receiver serves them before anything is made. ``restored_from`` says what
+        ``checkpoint`` is, for the record. Every attempt is kept in ``state.trainer_restarts``, a
+        refused one too (the budget spent: ``RestartBudgetExhausted``, the run stops); ``loss``
+        is raised again when there is no trainer to restart or no weights to publish."""
+        sync, supervisor, lost = self.sync, self.supervisor, self.trainer
+        if self._restart_with is None or sync is None or supervisor is None:
+            raise loss
+        start, budget = self._restart_with
+        restarts = self.state.trainer_restarts
+        started, wall = time.monotonic(), time.time()
+        ranks = loss.gone.get(lost.name, [])
+        rank = ranks[0] if ranks else 0
+        node_rank = lost.node_rank_of(rank)
+        cause = str(loss.cause).partition("\n")[0] or type(loss.cause).__name__
+        try:
+            budget.charge(lost.name, rank, node_rank)
+        except RestartBudgetExhausted as spent:
+            restarts.append(Restart(lost.name, rank, node_rank, cause, wall, 0.0, REFUSED, str(spent)))
+            raise
+        lost.shutdown()
+        version = start(checkpoint, sync.version)
+        sync.replace_sender(self.trainer)
+        supervisor.watched = [self.trainer]
+        self.retried(lambda: sync.update(version))
+        took_s, reason = time.monotonic() - started, f"lost rank(s) {ranks}: {cause}"
+        restart = Restart(lost.name, rank, node_rank, reason, wall, took_s, RESTARTED, restored_from)
+        restarts.append(restart)
+        return restart

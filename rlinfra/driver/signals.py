@@ -10,19 +10,20 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
 
 
+@dataclass
 class CtrlC:
     """Ctrl-C (or SIGTERM) raises ``KeyboardInterrupt`` and is also remembered, so that code which
     swallows the exception cannot make the job ignore it: the loop then stops at the end of the
     iteration. (Seen once in a full test run: a SIGINT during an iteration was lost somewhere below
     the driver's code and training went on to the end.)"""
 
-    def __init__(self) -> None:
-        self.pressed = False
+    pressed: bool = False
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.pressed = True

@@ -10,7 +10,6 @@ and recoveries) is this process's, never rewound: it is what the run did.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -38,19 +37,20 @@ class RunState:
     events: list[dict[str, Any]] = field(default_factory=list)  # every fault survived, as shown
 
     def load(self, saved: Mapping[str, Any] | None, keep: tuple[str, ...] = ()) -> None:
-        """Take the ``CHECKPOINTED`` fields from ``saved`` (missing ones: their defaults), except
-        ``keep``."""
-        saved = saved or {}
-        for spec in dataclasses.fields(self):
-            if spec.name in self.CHECKPOINTED and spec.name not in keep:
-                factory = spec.default_factory
-                default = factory() if factory is not dataclasses.MISSING else spec.default
-                setattr(self, spec.name, copy.deepcopy(saved[spec.name]) if spec.name in saved else default)
+        """Take the ``CHECKPOINTED`` fields from ``saved`` (missing ones: those of a fresh state,
+        ``type(self)()``), except ``keep``."""
+        saved, defaults = saved or {}, type(self)()
+        for name in self.CHECKPOINTED:
+            if name not in keep:
+                setattr(self, name, copy.deepcopy(saved[name]) if name in saved else getattr(defaults, name))
 
     def rewind(self, saved: Mapping[str, Any] | None) -> None:
-        """Back to a checkpoint (or to the start) after a trainer restart."""
+        """Back to a checkpoint (or to the start) after a trainer restart: the batches in flight
+        are dropped (made with the lost trainer's weights), those trained since are rolled back."""
         self.load(saved, keep=self.KEPT_ON_REWIND)
         del self.batch_versions[self.iteration :]
+        self.ledger.dropped(self.ledger.open_ids)
+        self.ledger.rolled_back(after_iteration=self.iteration)
 
     def checkpointed(self) -> dict[str, Any]:
         """The fields a resumed run continues from, as plain copies (the state goes on)."""

@@ -155,8 +155,3 @@ class Supervisor:
             self.rewire({name: sorted(ranks) for name, ranks in changed.items()})
         if sync is not None and abandoned is not None:
             sync.prepare(abandoned)
-
-    @property
-    def restarts(self) -> list[Restart]:
-        """Every replacement attempt of the supervised groups, in order (failed ones too)."""
-        return sorted((r for group in self.groups for r in group.restarts), key=lambda r: r.at)

@@ -15,7 +15,8 @@ def test_each_id_ends_once_and_the_summary_adds_up():
     ledger.dropped([c])
     assert ledger.open_ids == [d]
     ledger.trained([d], iteration=2)
-    assert ledger.rolled_back(after_iteration=1) == [d]
+    ledger.rolled_back(after_iteration=1)
+    assert ledger.ended[d] == "rolled_back" and d not in ledger.trained_in
     assert ledger.summary() == {
         "issued": 4, "trained": 1, "dropped": 1, "lost": 1, "rolled_back": 1, "open": 0, "duplicated": 0,
     }  # fmt: skip
