@@ -398,6 +398,25 @@ def test_ctrl_c_during_an_update_rolls_back_resumes_and_passes_through(job):
     expect_serving(rollout, 0)  # resumed at once, on the old weights
 
 
+def test_ctrl_c_while_resuming_passes_through(job, monkeypatch):
+    """SIGTERM landed in ``resume`` once (CI, 2026-12-03) and the run ended as a failed update
+    (status 1) instead of an interrupted one (130)."""
+    trainer, rollout = job()
+    sync = WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES)
+    trainer.train_to(1).wait()
+    prepared = sync.prepare(1)
+    call = rollout.call
+
+    def ctrl_c_on_resume(method, *args, **kwargs):
+        if method is WeightReceiver.weights_resume:
+            raise KeyboardInterrupt
+        return call(method, *args, **kwargs)
+
+    monkeypatch.setattr(rollout, "call", ctrl_c_on_resume)
+    with pytest.raises(KeyboardInterrupt):
+        sync.commit(prepared)
+
+
 def test_a_paused_gate_reopens_when_its_lease_runs_out(job):
     _, rollout = job()
     rollout.call(WeightReceiver.weights_pause, [0], args=("a-driver-that-died", 0.5, 5.0)).wait(timeout=10)

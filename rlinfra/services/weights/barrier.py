@@ -204,7 +204,7 @@ class WeightSync:
             raise self._rolled_back(step, version, error, resume_owner=owner) from error
         try:
             resumed = link.on_receivers(WeightReceiver.weights_resume, owner)
-        except BaseException as error:
+        except Exception as error:  # Ctrl-C passes through: the caller is stopping
             raise self._error("resume", version, error) from error
         pause_s = time.perf_counter() - paused_at
         self.version, self.staged = version, None
