@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,7 @@ from examples.grpo_lm.lm.model import (
     save_checkpoint,
 )
 from examples.grpo_lm.lm.tokenizer import build_tokenizer
+from rlinfra.runtime.stacks import dump_on_node
 
 TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 # Different operand widths, so the engine's left padding is exercised.
@@ -354,7 +357,9 @@ def test_learner_with_kl_keeps_reference_frozen(model, tok) -> None:
 
 def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", f"file://{init_file}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )  # a collective that hangs raises in its rank, and the test shows where
     try:
         tok = build_tokenizer()
         model = build_model(TINY, tok, seed=rank)  # different on each rank until DDP broadcasts rank 0's
@@ -371,9 +376,17 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
 
 def test_learner_keeps_ddp_replicas_identical(tmp_path: Path) -> None:
     # spawn, not fork: forking a pytest process that earlier tests left with threads could hang a
-    # child (seen twice); the children pay a few seconds to import torch and transformers instead.
+    # child (seen twice). A spawned pair hung once too (CI, 2026-12-03; 7-15 s otherwise, never
+    # reproduced): past the deadline the test fails with both ranks' stacks, not a bare timeout.
     args = (2, str(tmp_path / "init"), str(tmp_path))
-    mp.start_processes(_ddp_worker, args=args, nprocs=2, start_method="spawn")
+    ranks = mp.start_processes(_ddp_worker, args=args, nprocs=2, start_method="spawn", join=False)
+    deadline = time.monotonic() + 90
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            stacks = [dump_on_node(pid) or f"(no stack of {pid})" for pid in ranks.pids()]
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail("the DDP ranks still run after 90 s; their stacks:\n" + "\n".join(stacks))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for name, tensor in ranks[0]["after"].items():
         assert torch.equal(ranks[0]["before"][name], ranks[1]["before"][name])  # rank 0's weights won
