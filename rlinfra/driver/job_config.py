@@ -24,9 +24,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ValidationError
 
-from rlinfra.placement.config_access import did_you_mean, to_plain
+from rlinfra.placement.config_access import reject_unknown_keys, to_plain
+from rlinfra.placement.errors import PlacementError
 
 T = TypeVar("T")
 RANGES = {  # field metadata key -> (whether a value meets the bound, what was expected)
@@ -36,15 +37,14 @@ RANGES = {  # field metadata key -> (whether a value meets the bound, what was e
 }
 
 
-class JobConfigError(ValueError):
-    """A mistake in a job's own config (a section, a key, a value), named by key."""
+class JobConfigError(PlacementError):
+    """A mistake in a job's own config (a section, a key, a value), named by key; said as the
+    placement's own config errors are (the key, the problem, what was expected)."""
 
 
 def check_sections(cfg: Mapping[str, Any], sections: Sequence[str]) -> None:
     """Refuse the first top-level key that is not one of ``sections``."""
-    unknown = [str(key) for key in cfg if key not in sections]
-    if unknown:
-        raise unknown_key(unknown[0], unknown[0], "section", sections)
+    reject_unknown_keys(cfg, sections, None, "section", JobConfigError)
 
 
 def parse_config(schema: type[T], cfg: Mapping[str, Any]) -> T:
@@ -63,6 +63,8 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
     section = to_plain(cfg.get(name)) or {}
     if not isinstance(section, Mapping):
         raise JobConfigError(f"{name}: expected a mapping, got {section!r}")
+    fields = [spec.name for spec in dataclasses.fields(schema)]
+    reject_unknown_keys(section, fields, name, "key", JobConfigError)
     hints = typing.get_type_hints(schema)
     for key, value in section.items():
         if hints.get(str(key)) is bool and not isinstance(value, bool):  # OmegaConf reads 2 as true
@@ -71,9 +73,6 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
     OmegaConf.set_readonly(base, False)  # a frozen dataclass gives a read-only config: nothing merges
     try:
         record = OmegaConf.to_object(OmegaConf.merge(base, section))
-    except ConfigKeyError as error:
-        fields = [f.name for f in dataclasses.fields(schema)]
-        raise unknown_key(f"{name}.{error.key}", str(error.key), "key", fields) from None
     except ValidationError as error:
         wanted = hints[str(error.key)]
         name_of = getattr(wanted, "__name__", str(wanted))
@@ -90,10 +89,3 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
                     f"{name}.{spec.name}: got {value!r}; expected {expected.format(bound)}{because}"
                 )
     return record
-
-
-def unknown_key(where: str, key: str, kind: str, allowed: Sequence[str]) -> JobConfigError:
-    """Typos would otherwise be silently ignored: name the key and the nearest valid one."""
-    hint = did_you_mean(key, allowed)
-    hint = f"{hint} " if hint else ""
-    return JobConfigError(f"{where}: unknown {kind}; {hint}expected one of {', '.join(allowed)}")

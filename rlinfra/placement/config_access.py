@@ -154,15 +154,22 @@ def as_section(
     return section
 
 
-def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    """Typos in field names would otherwise be silently ignored; name them, and the nearest
-    valid field (``node_grups`` → ``node_groups``)."""
+def reject_unknown_keys(
+    section: Mapping[str, Any],
+    allowed: Sequence[str],
+    where: str | None,
+    kind: str = "field",
+    error: type[PlacementError] = PlacementError,
+) -> None:
+    """Typos in key names would otherwise be silently ignored; name the first, and the nearest
+    valid one (``node_grups`` → ``node_groups``): the one check of rlinfra's sections and a job's
+    (``kind`` "section" or "key", ``error`` its ``JobConfigError``) alike."""
     unknown = [key for key in section if key not in allowed]
     if unknown:
         key = str(unknown[0])
         hint = did_you_mean(key, allowed)
-        raise PlacementError(
-            f"unknown field {key!r}" + (f"; {hint}" if hint else ""),
+        raise error(
+            f"unknown {kind} {key!r}" + (f"; {hint}" if hint else ""),
             where=where,
             expected="one of " + ", ".join(repr(a) for a in allowed),
         )

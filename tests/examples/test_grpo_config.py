@@ -25,8 +25,8 @@ def test_the_bundled_configs_parse() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("algo.updatse=3", "algo.updatse: unknown key; did you mean 'updates'?"),
-        ("modell.path=/x", "modell: unknown section; did you mean 'model'?"),
+        ("algo.updatse=3", "algo: unknown key 'updatse'; did you mean 'updates'?"),
+        ("modell.path=/x", "unknown section 'modell'; did you mean 'model'?"),
         ("algo.max_staleness=2", "algo.max_staleness: got 2; expected one of (0, 1)"),
         ("algo.group_size=1", "algo.group_size: got 1; expected at least 2"),
         ("algo.stop_at_target=2", "algo.stop_at_target: expected true or false, got 2"),
@@ -39,7 +39,7 @@ def test_the_bundled_configs_parse() -> None:
             "engine.kv_cache_mib: a setting of the vllm engine, but engine.name is 'hf'",
         ),
         ("engine.probe_size=0", "engine.probe_size: got 0; expected at least 1"),
-        ("engine.gpu_util=0.5", "engine.gpu_util: unknown key"),
+        ("engine.gpu_util=0.5", "engine: unknown key 'gpu_util'"),
     ],
 )
 def test_bad_settings_are_named(override: str, message: str) -> None:

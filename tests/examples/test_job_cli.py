@@ -111,7 +111,7 @@ def test_rlinfra_run_names_an_unknown_algo_key(tmp_path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2
-    assert "algo.lerning_rate: unknown key" in result.stderr and "learning_rate" in result.stderr
+    assert "algo: unknown key 'lerning_rate'" in result.stderr and "learning_rate" in result.stderr
 
 
 @pytest.mark.parametrize(
