@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
-from omegaconf.errors import ValidationError
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from rlinfra.placement.config_access import reject_unknown_keys, to_plain
 from rlinfra.placement.errors import PlacementError
@@ -65,19 +65,19 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
         raise JobConfigError(f"{name}: expected a mapping, got {section!r}")
     fields = [spec.name for spec in dataclasses.fields(schema)]
     reject_unknown_keys(section, fields, name, "key", JobConfigError)
-    hints = typing.get_type_hints(schema)
-    for key, value in section.items():
-        if hints.get(str(key)) is bool and not isinstance(value, bool):  # OmegaConf reads 2 as true
-            raise JobConfigError(f"{name}.{key}: expected true or false, got {value!r}")
-    base = OmegaConf.structured(schema)
-    OmegaConf.set_readonly(base, False)  # a frozen dataclass gives a read-only config: nothing merges
+    _check_switches(schema, section, name)
+    base = _writable(OmegaConf.structured(schema))
     try:
         record = OmegaConf.to_object(OmegaConf.merge(base, section))
+    except ConfigKeyError as error:  # in a nested dataclass: the section's own keys are checked above
+        raise JobConfigError(f"unknown key {error.full_key!r}", where=name) from None
     except ValidationError as error:
-        wanted = hints[str(error.key)]
-        name_of = getattr(wanted, "__name__", str(wanted))
+        wanted: Any = schema  # the field's type, down through nested sections
+        for part in str(error.full_key).split("."):
+            wanted = typing.get_type_hints(wanted).get(part) if dataclasses.is_dataclass(wanted) else None
+        expected = getattr(wanted, "__name__", str(wanted))
         raise JobConfigError(
-            f"{name}.{error.key}: expected {name_of}, got {to_plain(error.value)!r}"
+            f"{name}.{error.full_key}: expected {expected}, got {to_plain(error.value)!r}"
         ) from None
     for spec in dataclasses.fields(schema):
         for rule in RANGES.keys() & spec.metadata.keys():
@@ -89,3 +89,24 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
                     f"{name}.{spec.name}: got {value!r}; expected {expected.format(bound)}{because}"
                 )
     return record
+
+
+def _writable(node: Any) -> Any:
+    """``node`` and every section nested in it made writable: a frozen dataclass gives a read-only
+    config (each nested one its own flag), into which nothing merges."""
+    OmegaConf.set_readonly(node, None)
+    for key in node:
+        if not OmegaConf.is_missing(node, key) and OmegaConf.is_config(node[key]):
+            _writable(node[key])
+    return node
+
+
+def _check_switches(schema: Any, section: Mapping[str, Any], where: str) -> None:
+    """A switch must be ``true`` or ``false``: OmegaConf reads ``2`` or ``"yes"`` as true."""
+    hints = typing.get_type_hints(schema)
+    for key, value in section.items():
+        wanted = hints.get(str(key))
+        if wanted is bool and not isinstance(value, bool):
+            raise JobConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+        if dataclasses.is_dataclass(wanted) and isinstance(value, Mapping):
+            _check_switches(wanted, value, f"{where}.{key}")

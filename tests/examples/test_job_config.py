@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import ray
 
 from examples.ppo_cartpole.config import JobConfigError, parse_job_config
 from examples.ppo_cartpole.job import main
 from rlinfra.driver.entry import USAGE_ERROR
+from rlinfra.driver.job_config import parse_section
 from tests.examples.job_checks import job_config
 
 
@@ -64,3 +67,24 @@ def test_main_refuses_a_bad_config_with_status_2_before_ray_starts(capsys) -> No
     err = capsys.readouterr().err
     assert "unknown section 'algoo'" in err and "Traceback" not in err
     assert not ray.is_initialized()
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimiser:
+    lr: float = 0.1
+    nesterov: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class NestedAlgo:
+    optimiser: Optimiser = dataclasses.field(default_factory=Optimiser)
+
+
+def test_an_unknown_key_in_a_nested_section_is_named() -> None:
+    with pytest.raises(JobConfigError, match=r"algo: unknown key 'optimiser\.lrr'"):
+        parse_section(NestedAlgo, {"algo": {"optimiser": {"lrr": 1.0}}}, "algo")
+    with pytest.raises(JobConfigError, match=r"algo\.optimiser\.lr: expected float, got 'fast'"):
+        parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": "fast"}}}, "algo")
+    with pytest.raises(JobConfigError, match=r"algo\.optimiser\.nesterov: expected true or false, got 2"):
+        parse_section(NestedAlgo, {"algo": {"optimiser": {"nesterov": 2}}}, "algo")
+    assert parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": 1.0}}}, "algo").optimiser.lr == 1.0
