@@ -370,6 +370,8 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
         # Every group alike: no informative row anywhere; both ranks must still meet in the all-reduce.
         learner.update(completions, [1.0] * len(completions))
         torch.save({"before": before, "after": learner.state_dict()}, Path(out_dir) / f"rank{rank}.pt")
+        # DDP goes while its process group is up: torn down after it, a rank hung at exit (1 in 5).
+        del learner
     finally:
         dist.destroy_process_group()
 
