@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from datetime import timedelta
@@ -372,6 +373,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
         torch.save({"before": before, "after": learner.state_dict()}, Path(out_dir) / f"rank{rank}.pt")
         # DDP goes while its process group is up: torn down after it, a rank hung at exit (1 in 5).
         del learner
+        gc.collect()  # cycles included
     finally:
         dist.destroy_process_group()
 
