@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ValidationError
 
 from rlinfra.placement.config_access import reject_unknown_keys, to_plain
 from rlinfra.placement.errors import PlacementError
@@ -63,14 +63,10 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
     section = to_plain(cfg.get(name)) or {}
     if not isinstance(section, Mapping):
         raise JobConfigError(f"{name}: expected a mapping, got {section!r}")
-    fields = [spec.name for spec in dataclasses.fields(schema)]
-    reject_unknown_keys(section, fields, name, "key", JobConfigError)
-    _check_switches(schema, section, name)
+    _check_keys(schema, section, name)
     base = _writable(OmegaConf.structured(schema))
     try:
         record = OmegaConf.to_object(OmegaConf.merge(base, section))
-    except ConfigKeyError as error:  # in a nested dataclass: the section's own keys are checked above
-        raise JobConfigError(f"unknown key {error.full_key!r}", where=name) from None
     except ValidationError as error:
         wanted: Any = schema  # the field's type, down through nested sections
         for part in str(error.full_key).split("."):
@@ -101,12 +97,15 @@ def _writable(node: Any) -> Any:
     return node
 
 
-def _check_switches(schema: Any, section: Mapping[str, Any], where: str) -> None:
-    """A switch must be ``true`` or ``false``: OmegaConf reads ``2`` or ``"yes"`` as true."""
+def _check_keys(schema: Any, section: Mapping[str, Any], where: str) -> None:
+    """Every key of ``section`` and of the sections nested in it is a field (else named, with the
+    nearest), and a switch is ``true`` or ``false``: OmegaConf reads ``2`` or ``"yes"`` as true."""
+    fields = [spec.name for spec in dataclasses.fields(schema)]
+    reject_unknown_keys(section, fields, where, "key", JobConfigError)
     hints = typing.get_type_hints(schema)
     for key, value in section.items():
         wanted = hints.get(str(key))
         if wanted is bool and not isinstance(value, bool):
             raise JobConfigError(f"{where}.{key}: expected true or false, got {value!r}")
         if dataclasses.is_dataclass(wanted) and isinstance(value, Mapping):
-            _check_switches(wanted, value, f"{where}.{key}")
+            _check_keys(wanted, value, f"{where}.{key}")

@@ -371,7 +371,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
         # Every group alike: no informative row anywhere; both ranks must still meet in the all-reduce.
         learner.update(completions, [1.0] * len(completions))
         torch.save({"before": before, "after": learner.state_dict()}, Path(out_dir) / f"rank{rank}.pt")
-        # DDP goes while its process group is up: torn down after it, a rank hung at exit (1 in 5).
+        # DDP goes while its process group is up: torn down after it, a rank hung at exit (2 in 12).
         del learner
         gc.collect()  # cycles included
     finally:
@@ -380,8 +380,8 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
 
 def test_learner_keeps_ddp_replicas_identical(tmp_path: Path) -> None:
     # spawn, not fork: forking a pytest process that earlier tests left with threads could hang a
-    # child (seen twice). A spawned pair hung once too (CI, 2026-12-03; 7-15 s otherwise, never
-    # reproduced): past the deadline the test fails with both ranks' stacks, not a bare timeout.
+    # child (seen twice). A spawned pair hung too (CI once, here 2 runs in 12, on 2026-12-03; 7-15 s
+    # otherwise): past the deadline the test fails with both ranks' stacks, not a bare timeout.
     args = (2, str(tmp_path / "init"), str(tmp_path))
     ranks = mp.start_processes(_ddp_worker, args=args, nprocs=2, start_method="spawn", join=False)
     deadline = time.monotonic() + 90

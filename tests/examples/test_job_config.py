@@ -81,7 +81,7 @@ class NestedAlgo:
 
 
 def test_an_unknown_key_in_a_nested_section_is_named() -> None:
-    with pytest.raises(JobConfigError, match=r"algo: unknown key 'optimiser\.lrr'"):
+    with pytest.raises(JobConfigError, match=r"algo\.optimiser: unknown key 'lrr'; did you mean 'lr'\?"):
         parse_section(NestedAlgo, {"algo": {"optimiser": {"lrr": 1.0}}}, "algo")
     with pytest.raises(JobConfigError, match=r"algo\.optimiser\.lr: expected float, got 'fast'"):
         parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": "fast"}}}, "algo")
