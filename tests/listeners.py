@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,21 +66,30 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def _children_of(pid: int) -> list[int] | None:
+def _kernel_lists_children() -> bool:
+    """Whether the kernel keeps per-thread ``children`` lists (``CONFIG_PROC_CHILDREN``)."""
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+
+
+def _children_of(pid: int) -> list[int]:
     """``pid``'s children from its threads' ``children`` lists (a few files, where a scan of
-    ``/proc`` reads one per process); None where the kernel keeps no such lists."""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:  # gone meanwhile
-        return []
-    children: list[int] = []
-    for thread in threads:
+    ``/proc`` reads one per process). A thread that ends between the listing and the read hands
+    its children to another thread, perhaps one read already: the lists are read again until no
+    thread ended meanwhile. (Taking that thread for a kernel without the lists lost all of Ray's
+    driver's children now and then, in CI: the driver starts and ends threads all the time.)"""
+    for _ in range(20):
         try:
-            children += map(int, Path(f"/proc/{pid}/task/{thread}/children").read_text().split())
-        except FileNotFoundError:
-            return None
-        except OSError:
-            continue
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone meanwhile
+            return []
+        children: list[int] = []
+        for thread in threads:
+            try:
+                children += map(int, Path(f"/proc/{pid}/task/{thread}/children").read_text().split())
+            except OSError:
+                break
+        else:
+            return children
     return children
 
 
@@ -87,11 +97,7 @@ def descendants(root: int) -> set[int]:
     """``root`` and every process under it (nothing where there is no ``/proc``)."""
     if not os.path.isdir("/proc"):
         return set()
-    if _children_of(root) is None:  # no children lists: one scan of /proc
-        tree = _children()
-        children_of = tree.get
-    else:
-        children_of = _children_of  # type: ignore[assignment]
+    children_of = _children_of if _kernel_lists_children() else _children().get
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
