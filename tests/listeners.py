@@ -75,8 +75,8 @@ def _children_of(pid: int) -> list[int]:
     """``pid``'s children from its threads' ``children`` lists (a few files, where a scan of
     ``/proc`` reads one per process). A thread that ends between the listing and the read hands
     its children to another thread, perhaps one read already: the lists are read again until no
-    thread ended meanwhile. (Taking that thread for a kernel without the lists lost all of Ray's
-    driver's children now and then, in CI: the driver starts and ends threads all the time.)"""
+    thread ended meanwhile (20 reads at most). Taking that thread for a kernel without the lists
+    lost all of Ray's driver's children now and then in CI: the driver's threads come and go."""
     for _ in range(20):
         try:
             threads = os.listdir(f"/proc/{pid}/task")
