@@ -75,16 +75,24 @@ def parse_section(schema: type, cfg: Mapping[str, Any], name: str) -> Any:
         raise JobConfigError(
             f"{name}.{error.full_key}: expected {expected}, got {to_plain(error.value)!r}"
         ) from None
-    for spec in dataclasses.fields(schema):
+    _check_ranges(record, name)
+    return record
+
+
+def _check_ranges(record: Any, where: str) -> None:
+    """Each field's value within the range its metadata declares, down through nested sections."""
+    for spec in dataclasses.fields(record):
+        value = getattr(record, spec.name)
         for rule in RANGES.keys() & spec.metadata.keys():
             meets, expected = RANGES[rule]
-            value, bound, why = getattr(record, spec.name), spec.metadata[rule], spec.metadata.get("why")
+            bound, why = spec.metadata[rule], spec.metadata.get("why")
             if not meets(value, bound):
                 because = f" ({why})" if why else ""
                 raise JobConfigError(
-                    f"{name}.{spec.name}: got {value!r}; expected {expected.format(bound)}{because}"
+                    f"{where}.{spec.name}: got {value!r}; expected {expected.format(bound)}{because}"
                 )
-    return record
+        if dataclasses.is_dataclass(value):
+            _check_ranges(value, f"{where}.{spec.name}")
 
 
 def _writable(node: Any) -> Any:

@@ -71,7 +71,7 @@ def test_main_refuses_a_bad_config_with_status_2_before_ray_starts(capsys) -> No
 
 @dataclasses.dataclass(frozen=True)
 class Optimiser:
-    lr: float = 0.1
+    lr: float = dataclasses.field(default=0.1, metadata={"above": 0})
     nesterov: bool = False
 
 
@@ -80,11 +80,13 @@ class NestedAlgo:
     optimiser: Optimiser = dataclasses.field(default_factory=Optimiser)
 
 
-def test_an_unknown_key_in_a_nested_section_is_named() -> None:
+def test_a_nested_sections_keys_types_and_ranges_are_checked() -> None:
     with pytest.raises(JobConfigError, match=r"algo\.optimiser: unknown key 'lrr'; did you mean 'lr'\?"):
         parse_section(NestedAlgo, {"algo": {"optimiser": {"lrr": 1.0}}}, "algo")
     with pytest.raises(JobConfigError, match=r"algo\.optimiser\.lr: expected float, got 'fast'"):
         parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": "fast"}}}, "algo")
     with pytest.raises(JobConfigError, match=r"algo\.optimiser\.nesterov: expected true or false, got 2"):
         parse_section(NestedAlgo, {"algo": {"optimiser": {"nesterov": 2}}}, "algo")
+    with pytest.raises(JobConfigError, match=r"algo\.optimiser\.lr: got 0\.0; expected above 0"):
+        parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": 0.0}}}, "algo")
     assert parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": 1.0}}}, "algo").optimiser.lr == 1.0
