@@ -15,10 +15,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_bundled(job: str, layout: str, seed: int, folder: Path, timeout_s: float) -> tuple[Path, float]:
-    """Run ``layout`` of ``job`` with ``algo.seed=seed``, writing under ``folder/layout``; returns
-    that output folder and the command's wall seconds (Ray start, launch, training, teardown). A
-    run that fails or outlives ``timeout_s`` ends the benchmark with the tail of its output."""
+def run_bundled(
+    job: str, layout: str, seed: int, folder: Path, timeout_s: float, overrides: tuple[str, ...] = ()
+) -> tuple[Path, float]:
+    """Run ``layout`` of ``job`` with ``algo.seed=seed`` and ``overrides`` (``key=value``), writing
+    under ``folder/layout``; returns that output folder and the command's wall seconds (Ray start,
+    launch, training, teardown). A run that fails or outlives ``timeout_s`` ends the benchmark
+    with the tail of its output."""
     output = folder / layout
     command = [
         str(Path(sys.executable).with_name("rlinfra")),
@@ -26,6 +29,7 @@ def run_bundled(job: str, layout: str, seed: int, folder: Path, timeout_s: float
         str(ROOT / "examples" / job / f"{layout}.yaml"),
         f"run.output_dir={output}",
         f"algo.seed={seed}",
+        *overrides,
     ]
     started = time.perf_counter()
     try:

@@ -16,7 +16,6 @@ serves within 10 s of the death. The last line printed is one JSON object with e
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness
 import ray
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -54,6 +54,7 @@ RESTART_BUDGET = 100  # per component; the YAMLs' 3 would stop a chaos run, whic
 GOAL_RATIO = 2.0
 GOAL_ROLLOUT_S = 10.0
 PID_TIMEOUT_S = 30.0
+SMOKE_ITERATIONS, SMOKE_EVERY_S = 6, 2.0  # --smoke: the first layout, a kill or two, no target
 
 
 def job_config(layout: str, output: Path, iterations: int) -> DictConfig:
@@ -410,31 +411,30 @@ def show(row: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--every-s", type=float, default=10.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=0, help="the random choice of victims")
     parser.add_argument("--iterations", type=int, default=150, help="the job's iteration budget")
     args = parser.parse_args()
+    if args.smoke:
+        args.layouts, args.iterations, args.every_s = args.layouts[:1], SMOKE_ITERATIONS, SMOKE_EVERY_S
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for layout in args.layouts:
             row = run_layout(layout, args.every_s, args.seed, args.iterations, Path(folder))
             show(row)
             rows.append(row)
-    print(
-        json.dumps(
-            {
-                "benchmark": "chaos",
-                "every_s": args.every_s,
-                "seed": args.seed,
-                "goal_ratio": GOAL_RATIO,
-                "goal_rollout_s": GOAL_ROLLOUT_S,
-                "rows": rows,
-                "all_goals_met": all(goal is True for row in rows for goal in row["goals"].values()),
-            }
-        )
-    )
+    figures = {
+        "benchmark": "chaos",
+        "every_s": args.every_s,
+        "seed": args.seed,
+        "goal_ratio": GOAL_RATIO,
+        "goal_rollout_s": GOAL_ROLLOUT_S,
+        "rows": rows,
+        "all_goals_met": all(goal is True for row in rows for goal in row["goals"].values()),
+    }
+    harness.emit(figures, args.smoke)
 
 
 if __name__ == "__main__":

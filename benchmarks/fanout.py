@@ -7,11 +7,10 @@ Goal (issue 3): ratio <= 1.2. The last line printed is one JSON object with ever
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
+import harness
 import numpy as np
 import ray
 
@@ -24,16 +23,19 @@ class Noop(Worker):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--calls", type=int, default=500)
     args = parser.parse_args()
+    warmup = 0 if args.smoke else 20
+    if args.smoke:
+        args.calls = 3
     cfg = {"cluster": {"num_nodes": 1, "simulate": "1x8", "component_placement": {"noop": "0-7"}}}
     with Cluster(cluster_cfg=cfg["cluster"]) as cluster:
         plan = ComponentPlacement(cfg, cluster)
         group = Noop.create_group().launch(cluster, plan.get_strategy("noop"), name="noop")
         actors = group.actors
         ours, raw = [], []
-        for _ in range(20):  # warm-up
+        for _ in range(warmup):
             group.noop().wait()
             ray.get([actor.noop.remote() for actor in actors])
         for _ in range(args.calls):
@@ -61,8 +63,8 @@ def main() -> None:
         f"p99: rlinfra {figures['rlinfra_p99_ms']:.3f} ms, raw {figures['raw_p99_ms']:.3f} ms, "
         f"ratio {figures['ratio_p99']:.2f}"
     )
-    print(
-        json.dumps({"benchmark": "fanout", "workers": 8, "calls": args.calls, "goal_ratio": 1.2, **figures})
+    harness.emit(
+        {"benchmark": "fanout", "workers": 8, "calls": args.calls, "goal_ratio": 1.2, **figures}, args.smoke
     )
 
 

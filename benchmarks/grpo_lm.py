@@ -23,7 +23,6 @@ really release memory. The last line printed is one JSON object with every figur
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,20 @@ def job_config(path: Path) -> dict[str, Any]:
 LAYOUTS = ("disaggregated", "colocated")
 GOAL_S = 600.0
 THROUGHPUT_GOAL, PAUSE_GOAL = 0.7, 0.05
+# --smoke: the first layout only, two updates from a tiny warm-up made in the run's own folder.
+SMOKE = {
+    "updates": 2,
+    "eval_size": 20,
+    "warmup_max_steps": 20,
+    "warmup_eval_every": 10,
+    "warmup_eval_size": 20,
+    "warmup_target_accuracy": 0.2,
+}
+
+
+def settings(smoke: bool, folder: Path) -> dict[str, Any]:
+    """The ``algo`` settings a run changes from the bundled config's: none, or the smoke's."""
+    return {**SMOKE, "cache_dir": str(folder / "cache")} if smoke else {}
 
 
 def run_local(config: GRPOConfig) -> dict[str, Any]:
@@ -121,8 +135,9 @@ def _hf_generate(model, tokenizer, prompts: list[str], config: GRPOConfig) -> in
     return int(lengths.sum())
 
 
-def run_layout(name: str, seed: int, folder: Path) -> dict[str, Any]:
-    output, wall = run_bundled("grpo_lm", name, seed, folder, timeout_s=GOAL_S * 3)
+def run_layout(name: str, seed: int, folder: Path, algo: dict[str, Any]) -> dict[str, Any]:
+    overrides = tuple(f"algo.{key}={value}" for key, value in algo.items())
+    output, wall = run_bundled("grpo_lm", name, seed, folder, timeout_s=GOAL_S * 3, overrides=overrides)
     summary = json.loads((output / "summary.json").read_text())
     records = read_metrics(output)[1:]  # the first iteration commits nothing
     pauses = [r["pause_s"] / r["train_s"] for r in records if r["train_s"] > 0]
@@ -143,18 +158,22 @@ def run_layout(name: str, seed: int, folder: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = harness.parser(__doc__)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    # The bundled configs' algo settings (kl_coef, updates: the lr decay's length), in one process.
-    bundled = job_config(ROOT / "examples" / "grpo_lm" / "disaggregated.yaml")
-    overrides = {k: v for k, v in bundled.items() if k in {f.name for f in dataclasses.fields(GRPOConfig)}}
-    config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
-    rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
+    layouts = LAYOUTS[:1] if args.smoke else LAYOUTS
     with tempfile.TemporaryDirectory() as folder:
-        for name in LAYOUTS:
-            rows[name] = run_layout(name, args.seed, Path(folder))
-    generation = generate_baseline(config, config.prompts_per_step)  # one step's whole batch
+        algo = settings(args.smoke, Path(folder))
+        # The bundled configs' algo settings (kl_coef, updates: the lr decay's length), in one process.
+        bundled = job_config(ROOT / "examples" / "grpo_lm" / "disaggregated.yaml")
+        fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+        overrides = {k: v for k, v in {**bundled, **algo}.items() if k in fields}
+        config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
+        rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
+        for name in layouts:
+            rows[name] = run_layout(name, args.seed, Path(folder), algo)
+        # one step's whole batch
+        generation = generate_baseline(config, config.prompts_per_step, repeats=1 if args.smoke else 20)
     header = ("layout", "reached", "warm", "final", "to target", "updates", "tok/s", "pause")
     print(f"{header[0]:<14}" + "".join(f"{h:>10}" for h in header[1:]))
     for name, row in rows.items():
@@ -179,9 +198,9 @@ def main() -> None:
             "throughput": rows[name]["throughput_vs_generate"] >= THROUGHPUT_GOAL,
             "pause": rows[name]["pause_fraction"] <= PAUSE_GOAL,
         }
-        for name in LAYOUTS
+        for name in layouts
     }
-    print(json.dumps({"benchmark": "grpo_lm", "rows": rows, "generation": generation, "goals": goals}))
+    harness.emit({"benchmark": "grpo_lm", "rows": rows, "generation": generation, "goals": goals}, args.smoke)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ The last line printed is one JSON object with every figure.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
+import harness
 import ray
 from noop_actors import Noop, RawNoop, ready_then_release
 from ray.util.placement_group import placement_group
@@ -50,9 +49,12 @@ def launch_raw(size: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    sizes = SIZES[:1] if args.smoke else SIZES
+    if args.smoke:
+        args.repeat = 1
     cfg = {
         "cluster": {
             "num_nodes": 4,
@@ -64,8 +66,9 @@ def main() -> None:
     rows = []
     with Cluster(cluster_cfg=cfg["cluster"]) as cluster:
         plan = ComponentPlacement(cfg, cluster)
-        launch_raw(8)  # warm-up: first actor creation pays for importing the worker code
-        for size in SIZES:
+        if not args.smoke:
+            launch_raw(8)  # warm-up: first actor creation pays for importing the worker code
+        for size in sizes:
             ours, raw = [], []
             for _ in range(args.repeat):
                 ours.append(launch_rlinfra(cluster, plan, f"w{size}"))
@@ -81,16 +84,13 @@ def main() -> None:
                 f"{size:>3} workers: rlinfra {row['rlinfra_s']:.2f} s, raw Ray {row['raw_ray_s']:.2f} s, "
                 f"ratio {row['ratio']:.2f}"
             )
-    print(
-        json.dumps(
-            {
-                "benchmark": "launch",
-                "goal_ratio": 1.15,
-                "rows": rows,
-                "max_ratio": max(r["ratio"] for r in rows),
-            }
-        )
-    )
+    figures = {
+        "benchmark": "launch",
+        "goal_ratio": 1.15,
+        "rows": rows,
+        "max_ratio": max(r["ratio"] for r in rows),
+    }
+    harness.emit(figures, args.smoke)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,10 @@ rlinfra / probe-then-launch ≈ 0.5. The last line printed is one JSON object wi
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
+import harness
 import ray
 from noop_actors import Noop, RawNoop, ready_then_release
 from ray.util.placement_group import placement_group
@@ -27,8 +26,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlinfra import Cluster, ComponentPlacement
 from rlinfra.runtime.layout import Layout
 
-CFG = {"cluster": {"num_nodes": 1, "simulate": "1x8", "component_placement": {"actor,rollout": "0-7"}}}
-BUNDLES = [{"GPU": 1, "CPU": 1}] * 8
+GPUS, SMOKE_GPUS = 8, 2  # --smoke: the same job on a 2-GPU node
+
+
+def config(gpus: int) -> dict:
+    placement = {"actor,rollout": f"0-{gpus - 1}"}
+    return {"cluster": {"num_nodes": 1, "simulate": f"1x{gpus}", "component_placement": placement}}
 
 
 @ray.remote(num_gpus=1, num_cpus=0)
@@ -37,9 +40,9 @@ class GpuProbe:
         return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
 
 
-def rlinfra_way(cluster: Cluster) -> float:
+def rlinfra_way(cluster: Cluster, gpus: int) -> float:
     start = time.perf_counter()
-    placement = ComponentPlacement(CFG, cluster)
+    placement = ComponentPlacement(config(gpus), cluster)
     layout = Layout(cluster, placement, ["actor", "rollout"], num_cpus=0.5)
     groups = [
         Noop.create_group().launch(cluster, placement.get_strategy(n), name=n, layout=layout, num_cpus=0.5)
@@ -66,43 +69,47 @@ def _raw_actors(pg, order: list[int]) -> list:
     ]
 
 
-def by_hand(_: Cluster) -> float:
+def by_hand(_: Cluster, gpus: int) -> float:
     start = time.perf_counter()
-    pg = placement_group(BUNDLES, strategy="PACK")
+    pg = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="PACK")
     ray.get(pg.ready(), timeout=60)
-    actors = _raw_actors(pg, list(range(8)))
+    actors = _raw_actors(pg, list(range(gpus)))
     return ready_then_release(start, actors, pg, timeout_s=60)
 
 
-def probe_then_launch(_: Cluster) -> float:
+def probe_then_launch(_: Cluster, gpus: int) -> float:
     start = time.perf_counter()
-    pg = placement_group(BUNDLES, strategy="PACK")
+    pg = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="PACK")
     ray.get(pg.ready(), timeout=60)
     probes = [
         GpuProbe.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b)
         ).remote()
-        for b in range(8)
+        for b in range(gpus)
     ]
     found = ray.get([p.where.remote() for p in probes], timeout=60)
     for probe in probes:
         ray.kill(probe)
-    order = sorted(range(8), key=lambda b: (found[b][0], [int(i) for i in found[b][1]]))
+    order = sorted(range(gpus), key=lambda b: (found[b][0], [int(i) for i in found[b][1]]))
     actors = _raw_actors(pg, order)
     return ready_then_release(start, actors, pg, timeout_s=60)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    gpus = SMOKE_GPUS if args.smoke else GPUS
+    if args.smoke:
+        args.repeat = 1
     ways = {"rlinfra": rlinfra_way, "by_hand": by_hand, "probe_then_launch": probe_then_launch}
     times: dict[str, list[float]] = {name: [] for name in ways}
-    with Cluster(cluster_cfg={**CFG["cluster"], "simulate_cpus": 16}) as cluster:
-        by_hand(cluster)  # warm-up: the first actors pay for importing the worker code
+    with Cluster(cluster_cfg={**config(gpus)["cluster"], "simulate_cpus": 2 * gpus}) as cluster:
+        if not args.smoke:
+            by_hand(cluster, gpus)  # warm-up: the first actors pay for importing the worker code
         for _ in range(args.repeat):
             for name, way in ways.items():
-                times[name].append(way(cluster))
+                times[name].append(way(cluster, gpus))
     medians = {name: round(statistics.median(values), 3) for name, values in times.items()}
     ratio_hand = round(medians["rlinfra"] / medians["by_hand"], 3)
     ratio_probe = round(medians["rlinfra"] / medians["probe_then_launch"], 3)
@@ -110,18 +117,15 @@ def main() -> None:
         print(f"{name:>18}: {value:.2f} s")
     print(f"rlinfra / by hand: {ratio_hand:.2f} (goal <= 1.15)")
     print(f"rlinfra / probe-then-launch: {ratio_probe:.2f} (expected about 0.5)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "layout",
-                "workers": 16,
-                "seconds": medians,
-                "ratio_vs_by_hand": ratio_hand,
-                "ratio_vs_probe_then_launch": ratio_probe,
-                "goal_ratio_vs_by_hand": 1.15,
-            }
-        )
-    )
+    figures = {
+        "benchmark": "layout",
+        "workers": 2 * gpus,
+        "seconds": medians,
+        "ratio_vs_by_hand": ratio_hand,
+        "ratio_vs_probe_then_launch": ratio_probe,
+        "goal_ratio_vs_by_hand": 1.15,
+    }
+    harness.emit(figures, args.smoke)
 
 
 if __name__ == "__main__":

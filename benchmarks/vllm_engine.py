@@ -22,9 +22,7 @@ outputs, the log-prob probe's ``logprob_mismatch`` included. The last line is on
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -33,10 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.grpo_lm import GOAL_S, job_config, run_layout, run_local  # noqa: E402
+from benchmarks.grpo_lm import GOAL_S, job_config, run_layout, run_local, settings  # noqa: E402
 from examples.grpo_lm.lm.config import GRPOConfig  # noqa: E402
 from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
 from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
@@ -140,24 +140,28 @@ def probe_figures(output: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = harness.parser(__doc__)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    bundled = job_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")
-    overrides = {k: v for k, v in bundled.items() if k in {f.name for f in dataclasses.fields(GRPOConfig)}}
-    config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
     from omegaconf import OmegaConf
 
     from rlinfra.cli.config_loading import load_config
 
     engine = dict(OmegaConf.to_container(load_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")["engine"]))
-    rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
+    repeats = 1 if args.smoke else 20
+    layouts = ("vllm",) if args.smoke else ("disaggregated", "vllm")  # the smoke: two updates on vLLM
     with tempfile.TemporaryDirectory() as folder:
-        for layout in ("disaggregated", "vllm"):
-            rows[layout] = run_layout(layout, args.seed, Path(folder))
+        algo = settings(args.smoke, Path(folder))
+        bundled = job_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")
+        fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+        overrides = {k: v for k, v in {**bundled, **algo}.items() if k in fields}
+        config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
+        rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
+        for layout in layouts:
+            rows[layout] = run_layout(layout, args.seed, Path(folder), algo)
             rows[layout] |= probe_figures(Path(folder) / layout)
-    hosted = engines_alone(config, engine)
-    alone = vllm_alone(config, engine)
+        hosted = engines_alone(config, engine, repeats)
+        alone = vllm_alone(config, engine, repeats)
     job = rows["vllm"]
     for name, figure in hosted.items():
         job[f"{name.removesuffix('_tokens_per_s')}_vs_vllm_alone"] = round(figure / alone["tokens_per_s"], 3)
@@ -197,7 +201,7 @@ def main() -> None:
         "hosted": hosted,
         "goals": goals,
     }
-    print(json.dumps(summary))
+    harness.emit(summary, args.smoke)
 
 
 if __name__ == "__main__":

@@ -33,11 +33,10 @@ printed is one JSON object with every figure.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
+import harness
 import numpy as np
 import ray
 import xxhash
@@ -49,9 +48,10 @@ from rlinfra.services.weights.buckets import checksum, copy_and_hash
 
 MIB = 2**20
 BUCKET_BYTES = 32 * MIB  # two in flight fit the simulated nodes' 150 MiB object stores
+SIZE_MIB, SMOKE_MIB = 256, 80  # the smoke's state: the 64 MiB embedding, a few layers, three buckets
 
 
-def make_state(total_mib: int = 256, seed: int = 0) -> dict[str, np.ndarray]:
+def make_state(total_mib: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Mixed sizes and dtypes: a big embedding, many layers, small norms and counters."""
     rng = np.random.default_rng(seed)
     state: dict[str, np.ndarray] = {"embed": rng.standard_normal((8192, 2048), dtype=np.float32)}  # 64 MiB
@@ -65,8 +65,8 @@ def make_state(total_mib: int = 256, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 class Trainer(WeightSender, Worker):
-    def __init__(self) -> None:
-        self.state = make_state()
+    def __init__(self, total_mib: int) -> None:
+        self.state = make_state(total_mib)
 
     def weights_state(self):
         return self.state
@@ -148,7 +148,13 @@ def cpu_ceiling(costs: dict[str, float], receivers: int) -> float:
 
 
 def measure(
-    layout: str, simulate: str, rollout_placement: str, repeat: int, warmup: int, transports: list[str]
+    layout: str,
+    simulate: str,
+    rollout_placement: str,
+    repeat: int,
+    warmup: int,
+    transports: list[str],
+    total_mib: int,
 ) -> list[dict]:
     cfg = {
         "cluster": {
@@ -163,12 +169,14 @@ def measure(
     rows = []
     with Cluster(cluster_cfg=cfg["cluster"]) as cluster:
         placement = ComponentPlacement(cfg, cluster)
-        trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
+        trainer = Trainer.create_group(total_mib).launch(
+            cluster, placement.get_strategy("trainer"), name="trainer"
+        )
         rollout = Rollout.create_group().launch(
             cluster, placement.get_strategy("rollout"), name="rollout", max_concurrency=2
         )
         nbytes = trainer.nbytes().wait()[0]
-        state = make_state()
+        state = make_state(total_mib)
         raw_nodes = [p.cluster_node_rank for p in rollout.placements]
         raw = [
             RawReceiver.options(
@@ -262,32 +270,24 @@ def _cuda() -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--layouts", default="one node,two nodes")
     default_transports = "object_store,object_store_shared,broadcast" + (",cuda_ipc" if _cuda() else "")
     parser.add_argument("--transports", default=default_transports)
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat, args.warmup = 1, 0
     transports = args.transports.split(",")
     layouts = {"one node": ("8", "1-4"), "two nodes": ("4,4", "1-2,4-5")}
+    size = SMOKE_MIB if args.smoke else SIZE_MIB
     rows = []
     for name in args.layouts.split(","):
         simulate, rollout = layouts[name]
-        rows += measure(name, simulate, rollout, args.repeat, args.warmup, transports)
-    print(
-        json.dumps(
-            {
-                "benchmark": "weight_sync",
-                "rows": rows,
-                "goals": {
-                    "bandwidth_ratio": ">= 0.8",
-                    "pause_fraction": "<= 0.05",
-                    "checksum_overhead": "<= 0.10",
-                },
-            }
-        )
-    )
+        rows += measure(name, simulate, rollout, args.repeat, args.warmup, transports, size)
+    goals = {"bandwidth_ratio": ">= 0.8", "pause_fraction": "<= 0.05", "checksum_overhead": "<= 0.10"}
+    harness.emit({"benchmark": "weight_sync", "rows": rows, "goals": goals}, args.smoke)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ a torch.distributed group (broadcast) is shut down instead.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ import ray
 
 from rlinfra import Worker
 from rlinfra.services.weights import WeightReceiver, WeightSender, WeightSync, WeightSyncError, filter_stale
-from rlinfra.services.weights.buckets import arrays_checksum, bucket_views, checksum, copy_and_hash
+from rlinfra.services.weights.buckets import arrays_checksum, bucket_views, checksum, copy_and_hash, pack
 
 CFG = {
     "cluster": {
@@ -85,16 +86,44 @@ class Trainer(WeightSender, Worker):
 
 
 class CorruptingTrainer(Trainer):
-    """Flips a byte of bucket 1 after checksumming it, as a faulty link would."""
+    """Flips a byte of bucket 1 after checksumming it, as a faulty link would: in what it puts
+    (the object stores) and in what it broadcasts. Every version, or those given to ``corrupt``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.corrupted: set[int] | None = None  # None: every version
+
+    def corrupt(self, versions: list[int]) -> None:
+        self.corrupted = set(versions)
+
+    def reset(self) -> None:
+        super().reset()
+        self.corrupted = None
+
+    def _corrupts(self, version: int, index: int) -> bool:
+        return index == 1 and (self.corrupted is None or version in self.corrupted)
 
     def weights_put(self, version: int, index: int, bounded: bool = True):
         sending = self._weights_sending(version)
         arrays = bucket_views(sending.state, sending.buckets[index])
-        digest = arrays_checksum(arrays)
-        if index == 1:
+        digest = arrays_checksum(arrays) if sending.hashed else 0
+        if self._corrupts(version, index):
             arrays = [array.copy() for array in arrays]
             arrays[0][7] ^= 0xFF
         return digest, [ray.put(arrays)]
+
+    def weights_broadcast(self, version: int, group_name: str) -> dict[int, int]:
+        import torch
+
+        from rlinfra.runtime.process_groups import cross_group
+
+        sending, group, digests = self._weights_sending(version), cross_group(group_name), {}
+        for spec in sending.buckets:
+            view, digests[spec.index] = pack(sending.state, spec, hashed=sending.hashed)
+            if self._corrupts(version, spec.index):
+                view[7] ^= 0xFF  # pack made the buffer: ours to write
+            group.broadcast(torch.from_numpy(view), src=group.rank)
+        return digests
 
 
 class Rollout(WeightReceiver, Worker):
@@ -144,6 +173,10 @@ class Rollout(WeightReceiver, Worker):
         with self.serving(timeout_s=5) as weights:
             time.sleep(seconds)
             return weights.version
+
+    def held_checksums(self) -> int:
+        """How many buckets of the serving version this worker holds a checksum of."""
+        return len(self._weights().current.checksums)
 
     def in_flight(self) -> int:
         return self._weights().gate.in_flight
@@ -321,9 +354,90 @@ def test_without_checksums_versions_are_still_verified_but_corruption_is_not(job
     finally:
         if info is not None:
             rendezvous.tear_down_cross(info)
-    if transport != "broadcast":  # the corrupting trainer flips a byte of what it puts
-        with pytest.raises(AssertionError):
-            expect_serving(rollout, 1)
+    with pytest.raises(AssertionError):  # the corrupting trainer flipped a byte of what it sent
+        expect_serving(rollout, 1)
+
+
+ALL_HOST_TRANSPORTS = [*OBJECT_STORES, "broadcast"]  # cuda_ipc always checksums (test_weights_cuda_ipc.py)
+
+
+def _sync_over(trainer, rollout, transport: str, checksums: bool):
+    """A ``WeightSync`` over ``transport``, and the cross group it needs (or ``None``)."""
+    from rlinfra.runtime import rendezvous
+
+    info = None
+    if transport == "broadcast":
+        info = rendezvous.bring_up_cross(
+            "weights", [(trainer, [0]), (rollout, [0, 1, 2, 3])], backend="gloo", timeout_s=30
+        )
+    cross = "weights" if info else None
+    sync = WeightSync(
+        trainer,
+        rollout,
+        transport=transport,
+        bucket_bytes=BUCKET_BYTES,
+        checksums=checksums,
+        cross_group=cross,
+    )
+    return sync, info
+
+
+@pytest.mark.parametrize("transport", ALL_HOST_TRANSPORTS)
+def test_checksums_switched_on_off_on_between_updates_each_version_verified_as_sent(job, transport):
+    """One WeightSync, checksums on, off, on: every update commits. The update sent without
+    checksums is verified by its version alone, whatever a receiver hashed (on the shared
+    transport the node's hashers were still told to hash it, and verify then held their
+    checksums against none sent); the one after it checks every byte again."""
+    from rlinfra.runtime import rendezvous
+
+    trainer, rollout = job()
+    sync, info = _sync_over(trainer, rollout, transport, checksums=True)
+    try:
+        for version, checksums in ((1, True), (2, False), (3, True)):
+            sync.checksums = checksums
+            trainer.train_to(version).wait()
+            report = sync.update(version)
+            assert report.version == version and report.buckets >= 3
+            expect_serving(rollout, version)
+            # each version holds its own checksums: every bucket's, or none at all
+            assert rollout.held_checksums().wait(timeout=10) == [report.buckets if checksums else 0] * 4
+        assert sync.version == 3
+        assert rollout.weights_changed().wait(timeout=10) == [[]] * 4
+    finally:
+        if info is not None:
+            rendezvous.tear_down_cross(info)
+
+
+@pytest.mark.parametrize("transport", ALL_HOST_TRANSPORTS)
+def test_a_wrong_byte_is_caught_in_the_update_after_one_without_checksums(job, transport):
+    """Checksums off for version 1 (clean), on for version 2, whose bucket 1 arrives with a
+    flipped byte: verify catches exactly that bucket on every rank, and everyone is back on 1."""
+    from rlinfra.runtime import rendezvous
+
+    trainer, rollout = job(trainer_cls=CorruptingTrainer)
+    trainer.corrupt([2]).wait()
+    sync, info = _sync_over(trainer, rollout, transport, checksums=False)
+    try:
+        trainer.train_to(1).wait()
+        assert sync.update(1).version == 1
+        expect_serving(rollout, 1)
+        sync.checksums = True
+        trainer.train_to(2).wait()
+        with pytest.raises(WeightSyncError) as caught:
+            sync.update(2)
+    finally:
+        if info is not None:
+            rendezvous.tear_down_cross(info)
+    error = caught.value
+    assert error.step == "verify" and error.failed_ranks == [0, 1, 2, 3]
+    for rank in range(4):  # each rank names the one corrupted bucket, and nothing else
+        assert re.search(
+            rf"rank {rank} \(node \d\): WeightsVerifyError: verify failed: "
+            r"checksum mismatch in bucket\(s\) \[1\]\n",
+            str(error),
+        )
+    assert error.serving_version == 1 and sync.version == 1
+    expect_serving(rollout, 1)
 
 
 @pytest.mark.parametrize("transport", OBJECT_STORES)

@@ -123,6 +123,17 @@ def test_the_driver_loop_keeps_two_buckets_alive_and_frees_only_acknowledged_one
 
 
 # --------------------------------------------------------------------------- refusing early
+def test_a_version_sent_without_checksums_is_refused_before_anything_is_sent():
+    """``checksums`` switched off after construction reaches the transport with the manifest;
+    CUDA IPC refuses it at admission, before a bucket is shared."""
+    received: dict[int, int] = {}
+    transport = CudaIpcTransport(_FakeLink(_FakeSender(received), received))
+    transport.admit(Manifest(3, (BucketSpec(0, 10, ()),)))
+    with pytest.raises(ValueError, match="the cuda_ipc transport always checksums"):
+        transport.admit(Manifest(3, (BucketSpec(0, 10, ()),), hashed=False))
+    assert received == {}
+
+
 def _gpu(uuid: str = "GPU-a", visible: tuple[str, ...] = ("GPU-a", "GPU-b"), pid: int = 1) -> CudaInfo:
     return CudaInfo(True, "", uuid, visible, pid, "node-x")
 
@@ -340,3 +351,20 @@ def test_cuda_ipc_corrupted_bucket_fails_verify_and_rolls_back(colocated):
     assert "checksum mismatch in bucket(s) [1]" in str(error)
     assert rollout.current().wait(timeout=30) == [(0, True, ["cuda"])]  # resumed, on the old weights
     assert ipc_stats(trainer)["live"] == 0
+
+
+@needs_gpu
+def test_cuda_ipc_a_wrong_byte_is_caught_after_checksums_were_refused_off(colocated):
+    """Switching checksums off is refused at prepare (nothing staged, version 1 still served);
+    switched back on, the next corrupted update is caught as on the first."""
+    trainer, rollout = colocated(trainer_cls=CorruptingTrainer)
+    sync = WeightSync(trainer, rollout, transport="cuda_ipc", bucket_bytes=BUCKET_BYTES)
+    sync.checksums = False
+    trainer.train_to(1).wait()
+    with pytest.raises(WeightSyncError, match="the cuda_ipc transport always checksums"):
+        sync.update(1)
+    sync.checksums = True
+    with pytest.raises(WeightSyncError) as caught:
+        sync.update(1)
+    assert caught.value.step == "verify" and "checksum mismatch in bucket(s) [1]" in str(caught.value)
+    assert rollout.current().wait(timeout=30) == [(0, True, ["cuda"])]

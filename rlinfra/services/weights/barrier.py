@@ -109,7 +109,9 @@ class WeightSync:
 
     ``checksums=False`` skips every hash (sender and receivers): verify then checks versions only,
     and a corrupted bucket is served. It exists to measure what the checksums cost and for links
-    so fast that hashing is the bottleneck; the default verifies every byte.
+    so fast that hashing is the bottleneck; the default verifies every byte. It may be switched
+    between updates: each version is hashed and verified as it was sent, and no checksum of one
+    version is held against another.
     """
 
     sender: WorkerGroup
@@ -131,10 +133,10 @@ class WeightSync:
         self.version = self.initial_version
         self.staged: Prepared | None = None  # prepared, neither committed nor abandoned yet
         self._committed = Expected(self.version, {})  # what the serving version must hash to
-        self._link = Link(self.sender, self.sender_rank, self.receivers, self.step_timeout_s, self.checksums)
+        self._link = Link(self.sender, self.sender_rank, self.receivers, self.step_timeout_s)
         self.alive = self._link.alive  # the receiver ranks still taking part (the dead leave it)
         self._transport = BY_NAME[self.transport](self._link, self.cross_group)
-        self._transport.check()
+        self._transport.check(self.checksums)
 
     # ------------------------------------------------------------------------------- protocol
     def update(self, version: int) -> UpdateReport:
@@ -163,10 +165,10 @@ class WeightSync:
         try:
             manifest = link.on_sender(WeightSender.weights_open, version, self.bucket_bytes, self.checksums)
             transport.admit(manifest)
-            link.on_receivers(WeightReceiver.weights_begin, manifest, transport.shadow, self.checksums)
+            link.on_receivers(WeightReceiver.weights_begin, manifest, transport.shadow)
             checksums, node_checks = transport.transfer(manifest)
             link.on_receivers(WeightReceiver.weights_stage_done, version)
-            if not self.checksums:
+            if not manifest.hashed:
                 checksums, node_checks = {}, None  # verify then checks versions only
         except BaseException as error:
             raise self._rolled_back("prepare", version, error, resume_owner=None) from error

@@ -46,11 +46,14 @@ class BucketSpec:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The version and bucket layout: what a receiver allocates its shadow buffers from. The
-    checksums travel separately, computed by the sender as it packs each bucket."""
+    """The version, its bucket layout (what a receiver allocates its shadow buffers from) and
+    whether its buckets are checksummed. The checksums travel separately, computed by the sender
+    as it packs each bucket; ``hashed`` belongs to the version, so every side of one update hashes
+    or none does, whatever the next update chooses."""
 
     version: int
     buckets: tuple[BucketSpec, ...]
+    hashed: bool = True
 
     @property
     def nbytes(self) -> int:

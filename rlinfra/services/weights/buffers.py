@@ -135,13 +135,15 @@ class DoubleBuffers:
 
 def check_holds(step: str, held: Buffers, expected: Expected, others: Sequence[str] = ()) -> None:
     """Raise ``WeightsVerifyError`` (``<step> failed: ...``) unless ``held`` is the expected version
-    and hashed to exactly the sender's checksums (a bucket without one on either side differs too);
-    ``others`` are problems the caller found."""
+    and, where the sender checksummed it, hashed to exactly the sender's checksums (a bucket
+    without one on either side differs too). A version sent without checksums is checked by its
+    number alone, whatever ``held`` hashed. ``others`` are problems the caller found."""
     problems = []
     if held.version != expected.version:
         problems.append(f"holds version {held.version} (expected {expected.version})")
     sent, got = expected.checksums, held.checksums
-    mismatched = sorted(i for i in sent.keys() | got.keys() if got.get(i) != sent.get(i))
+    compared = sent.keys() | got.keys() if sent else ()
+    mismatched = sorted(i for i in compared if got.get(i) != sent.get(i))
     if mismatched:
         problems.append(f"checksum mismatch in bucket(s) {mismatched[:8]}")
     problems.extend(others)

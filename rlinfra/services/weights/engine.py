@@ -122,14 +122,14 @@ class EngineReceiver(WeightReceiver):
         self._rlinfra_weights = DoubleBuffers(EngineWeights(version, manifest, tensors=state))
         self.weights_loaded(version)
 
-    def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers, hashed: bool = True) -> None:
+    def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers) -> None:
         if kind is not Buffers:
             raise EngineStagingError(
                 f"{getattr(self, '_worker_name', type(self).__name__)} is an engine receiver: it stages "
                 f"a version in private host memory and exchanges it with its engine, but this transport "
                 f"stages in {kind.__name__}; use transport='object_store' or 'broadcast'"
             )
-        super().weights_begin(manifest, kind, hashed)
+        super().weights_begin(manifest, kind)
 
     def weights_stage_done(self, version: int) -> None:
         self._weights_shadow(version).build_views(as_torch=True)  # load_weights takes torch tensors

@@ -82,12 +82,13 @@ class WeightReceiver(
 
     # -------------------------------------------------------------------------- update side
     @served_asleep
-    def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers, hashed: bool = True) -> None:
+    def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers) -> None:
         """Stage ``manifest`` into a new shadow of buffers ``kind`` (the transport's), reusing the
-        last-but-one version's memory where it can; generation keeps going."""
+        last-but-one version's memory where it can; generation keeps going. The shadow hashes
+        what lands only if the manifest says the version is checksummed."""
         with self._weights() as state:
             spare, state.previous = state.previous, None
-        shadow = kind(manifest.version, manifest, hashed=hashed)
+        shadow = kind(manifest.version, manifest, hashed=manifest.hashed)
         shadow.allocate(spare)
         state.shadow = shadow
 
@@ -163,7 +164,7 @@ class WeightSender(ObjectStoreSender, BroadcastSender, CudaIpcSender):
         state = self.weights_state()
         self._weights_forget()
         self._rlinfra_sending = Sending(version, state, plan_buckets(state, bucket_bytes), hashed)
-        return Manifest(version, self._rlinfra_sending.buckets)
+        return Manifest(version, self._rlinfra_sending.buckets, hashed)
 
     @served_asleep
     def weights_close(self, version: int) -> None:

@@ -41,13 +41,12 @@ class Link:
     """
 
     def __init__(
-        self, sender: WorkerGroup, sender_rank: int, receivers: WorkerGroup, timeout_s: float, checksums: bool
+        self, sender: WorkerGroup, sender_rank: int, receivers: WorkerGroup, timeout_s: float
     ) -> None:
         self.sender = sender
         self.sender_rank = sender_rank
         self.receivers = receivers
         self.timeout_s = timeout_s
-        self.checksums = checksums
         self.alive = list(receivers.ranks)
 
     def sender_call(self, method: Callable[..., Any], *args: Any) -> GroupCall:
@@ -104,7 +103,7 @@ class Transport:
         self.link = link
         self.cross_group = cross_group
 
-    def check(self) -> None:
+    def check(self, checksums: bool) -> None:
         """Refuse at construction, before any update, what cannot work (here: nothing)."""
 
     def admit(self, manifest: Manifest) -> None:

@@ -26,7 +26,7 @@ BLAME_GRACE_S = 3.0
 class BroadcastTransport(Transport):
     """The driver: one collective call on the sender and on every receiver, for all buckets."""
 
-    def check(self) -> None:
+    def check(self, checksums: bool) -> None:
         if not self.cross_group:
             raise ValueError("the broadcast transport needs cross_group=<name> (rendezvous.bring_up_cross)")
 

@@ -51,13 +51,13 @@ class CudaIpcTransport(Transport):
 
     shadow = CudaBuffers
 
-    def check(self) -> None:
-        """Refuse, before any update, what CUDA IPC cannot do: receivers on another node (from
-        where Ray started each worker), then processes without CUDA, receivers that cannot see the
-        sender's GPU, or a receiver in the sender's own process (asked of every worker)."""
+    def check(self, checksums: bool) -> None:
+        """Refuse, before any update, what CUDA IPC cannot do: updates without checksums, receivers
+        on another node (from where Ray started each worker), then processes without CUDA,
+        receivers that cannot see the sender's GPU, or a receiver in the sender's own process
+        (asked of every worker)."""
         link = self.link
-        if not link.checksums:
-            raise ValueError("the cuda_ipc transport always checksums (checksums=False is not supported)")
+        self._refuse_unhashed(checksums)
         sender_name, receiver_name = f"{link.sender.name} rank {link.sender_rank}", link.receivers.name
         nodes = {rank: _node_of(link.receivers, rank) for rank in link.alive}
         sender_node = _node_of(link.sender, link.sender_rank)
@@ -71,6 +71,15 @@ class CudaIpcTransport(Transport):
                 "the cuda_ipc transport cannot work here:\n"
                 + "\n".join(f"  {problem}" for problem in problems)
             )
+
+    def admit(self, manifest: Manifest) -> None:
+        """``checksums`` switched off after construction is refused too, before anything is sent."""
+        self._refuse_unhashed(manifest.hashed)
+
+    @staticmethod
+    def _refuse_unhashed(hashed: bool) -> None:
+        if not hashed:
+            raise ValueError("the cuda_ipc transport always checksums (checksums=False is not supported)")
 
     def transfer(self, manifest: Manifest) -> tuple[dict[int, int], None]:
         """Like the object store, one bucket at a time, but only CUDA IPC handles travel: the sender

@@ -102,7 +102,9 @@ class SharedTransport(Transport):
         unbounded_puts = link.stream(ObjectStoreSender.weights_put, manifest, lambda i: (version, i, False))
         for index, (digest, refs) in unbounded_puts:
             checksums[index] = digest
-            hashers = tuple(ranks[index % len(ranks)] for ranks in by_node.values()) if link.checksums else ()
+            hashers = (
+                tuple(ranks[index % len(ranks)] for ranks in by_node.values()) if manifest.hashed else ()
+            )
             args = (version, index, refs, hashers, link.timeout_s)
             mapping.append(link.receivers_call(SharedReceiver.weights_map, *args))
             del refs, args
