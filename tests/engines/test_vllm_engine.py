@@ -1,12 +1,14 @@
 """rlinfra's vLLM engine against the real vLLM (the CPU build here), on a simulated node.
 
-Two engines (``vllm.LLM`` in each engine's own Ray actor process) and a Hugging Face trainer on
-the GRPO job's start checkpoint are shared by the module. They check that the engine's tensors
-are vLLM's own parameters under the trainer's names; that samples carry the log-probs the trainer
-computes for the same tokens and the version that made them; that an update is loaded into vLLM's
-parameters, verified there and served (the log-prob probe agrees with the trainer); that a wrong
-load which checksums cannot see (q and k swapped) fails the probe; and that a SIGKILLed engine is
-replaced and re-admitted from its peer. The refusals need no Ray.
+Two engines at ``tensor_parallel_size=1`` (``vllm.LLM`` in each engine's own Ray actor process)
+and one at 2 (one process owning two devices, vLLM's two workers under it), with a Hugging Face
+trainer on the GRPO job's start checkpoint, are shared by the module. They check that samples
+carry the log-probs the trainer computes for the same tokens and the version that made them;
+that an update is loaded by vLLM's own loader on every worker, checked there on every shard and
+served; that a wrong load (a tensor perturbed, a shard left stale on one TP rank) fails the
+update naming the engine and the TP rank, and every engine serves the version before; that a
+SIGKILLed engine is replaced and re-admitted from its peer; and that a TP=2 engine leaves no
+worker process behind. The refusals need no Ray. Other architectures: ``test_vllm_models.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -28,15 +31,17 @@ from rlinfra.engines.vllm import (
     VLLMSettings,
     VLLMSettingsError,
     VLLMUnavailableError,
+    _payload,
     require_vllm,
 )
-from rlinfra.services.weights import WeightSender, WeightSync
+from rlinfra.services.weights import WeightSender, WeightSync, WeightSyncError
 from rlinfra.services.weights.probe import LogprobMismatchError, LogprobProbe
 from tests.examples.job_checks import GRPO_START
+from tests.listeners import descendants
+from tests.processes import process_alive
 
-CFG = {
-    "cluster": {"num_nodes": 1, "simulate": "1x4", "component_placement": {"trainer": "0", "engine": "1-2"}}
-}
+PLACEMENT = {"trainer": "0", "engine": "1-2", "engine_tp2": "3-4:0"}  # the last: one process, two devices
+CFG = {"cluster": {"num_nodes": 1, "simulate": "1x5", "component_placement": PLACEMENT}}
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
 SETTINGS = VLLMSettings(model=str(GRPO_START), dtype="float32", kv_cache_mib=32)
 PROMPTS = [
@@ -68,52 +73,29 @@ class Trainer(WeightSender, Worker):
     def logprobs(self, sequences):
         return sequence_logprobs(self.model, sequences, int(self.tokenizer.pad_token_id))
 
-    def digests(self) -> dict[str, str]:
-        return {name: _digest(tensor) for name, tensor in self.model.state_dict().items()}
-
 
 class Engine(VLLMEngine):
-    """rlinfra's engine as a job would subclass it, plus what the tests look at."""
+    """rlinfra's engine as a job would subclass it, plus what the tests look at; its workers can
+    be told to load wrong (``tests/engines/vllm_faults.py``)."""
+
+    worker_extension = "tests.engines.vllm_faults.FaultyLoading"
 
     def __init__(self) -> None:
         super().__init__(SETTINGS)
-        self.swapped_qk = False
         if self.incarnation == 0:  # a replaced engine waits for admission
             self.set_initial_weights()
 
-    def engine_state(self):
-        views = dict(super().engine_state())
-        if self.swapped_qk:  # a mapping bug: consistent for load and hash, wrong for the model
-            q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
-            views[q], views[k] = views[k], views[q]
-        return views
+    def fault(self, kind: str | None, tp_rank: int = 0) -> None:
+        self.llm.collective_rpc("set_fault", args=(kind, tp_rank))
 
-    def swap_qk(self, on: bool) -> None:
-        self.swapped_qk = on
-
-    def views_report(self) -> dict[str, object]:
-        """Names, digests, and whether every view lies inside one of vLLM's own parameters."""
-        (model,) = self.llm.apply_model(lambda model: model)
-        spans = [
-            (p.data_ptr(), p.data_ptr() + p.numel() * p.element_size())
-            for p in model.parameters()
-            if p.numel()
-        ]
-        views = super().engine_state()
-        inside = all(
-            any(start <= view.data_ptr() < end for start, end in spans) and view.numel() > 0
-            for view in views.values()
-        )
-        return {"digests": {name: _digest(view) for name, view in views.items()}, "inside": inside}
+    def served(self) -> tuple[str, list[tuple[int, int | None, tuple[str, ...]]]]:
+        """The engine's weight version, and each TP rank's last loaded version and the parameters
+        that differ from the serving version loaded afresh."""
+        checks = self.llm.collective_rpc("rlinfra_check", args=(_payload(self._weights().current),))
+        return self.llm.llm_engine.get_weight_version(), [(c.tp_rank, c.version, c.differing) for c in checks]
 
     def pid(self) -> int:
         return os.getpid()
-
-
-def _digest(tensor: torch.Tensor) -> str:
-    import hashlib
-
-    return hashlib.sha256(tensor.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +119,14 @@ def _trainer_logprobs(trainer, sequences):
     return trainer.execute_on(0).logprobs(sequences).wait()[0]
 
 
-def test_the_engines_tensors_are_vllms_own_parameters_under_the_trainers_names(groups):
-    trainer, engines = groups
-    wanted = trainer.execute_on(0).digests().wait()[0]
-    for report in engines.views_report().wait():
-        assert report["inside"], "every view must be non-empty and lie in a parameter of vLLM's model"
-        assert report["digests"] == wanted  # the same names, the same bytes: the start checkpoint
+def _serving(version: int, tp_ranks: int = 1) -> tuple[str, list]:
+    """What ``Engine.served`` answers for an engine whose every shard holds ``version``."""
+    return str(version), [(rank, version, ()) for rank in range(tp_ranks)]
+
+
+def test_the_checkpoint_is_served_as_version_0_checked_on_every_shard(groups):
+    _, engines = groups
+    assert engines.served().wait() == [_serving(0)] * 2
 
 
 def test_samples_carry_the_trainers_logprobs_and_the_version_that_made_them(groups, sync):
@@ -176,28 +160,56 @@ def test_an_update_is_loaded_into_vllm_verified_there_and_served(groups, sync):
     assert probe.check(version, engines) < EXACT  # both engines compute what the trainer computes
     after = engines.engine_logprobs(probe.sequences).wait()
     assert after != before
-    wanted = trainer.execute_on(0).digests().wait()[0]
-    assert all(r["digests"] == wanted for r in engines.views_report().wait())
+    assert engines.served().wait() == [_serving(version)] * 2
     assert engines.weights_changed().wait() == [[], []]
     sampled = engines.sample(PROMPTS[:1], 2, 3, temperature=1.0, seed=1).wait()
     assert {s.version for per_engine in sampled for s in per_engine} == {version}
 
 
-def test_a_load_that_checksums_cannot_see_fails_the_logprob_probe(groups, sync):
+def test_a_wrong_load_fails_the_update_naming_the_engine_and_every_engine_keeps_the_old_version(groups, sync):
+    """Engine 1's workers load layer 0's q_proj with 1.0 added (a loader or transfer bug the
+    trainer's checksums cannot see: the payload itself is right). The shard check sees it, the
+    update is rolled back on both engines, and the next, right load goes through."""
+    trainer, engines = groups
+    before = sync.version
+    probe = LogprobProbe([(p, ANSWER) for p in PROMPTS], tolerance=EXACT)
+    probe.expect(before, lambda s: _trainer_logprobs(trainer, s))
+    engines.execute_on(1).fault("perturb").wait()
+    version = before + 1
+    trainer.execute_on(0).train_to(version).wait()
+    with pytest.raises(WeightSyncError) as caught:
+        sync.update(version)
+    error = caught.value
+    assert error.step == "verify" and error.failed_ranks == [1] and sync.version == before
+    assert (
+        f"rank 1 (node 0): WeightsVerifyError: engine check of version {version} failed: tp rank 0: "
+        f"1 parameter(s) differ from version {version} loaded afresh: model.layers.0.self_attn.qkv_proj.weight"
+    ) in str(error)
+    assert engines.served().wait() == [_serving(before)] * 2
+    assert probe.check(before, engines) < EXACT  # both serve the version before, as it was
+    trainer.execute_on(0).train_to(version).wait()
+    probe.expect(version, lambda s: _trainer_logprobs(trainer, s))
+    sync.update(version)
+    assert probe.check(version, engines) < EXACT
+
+
+def test_a_loader_wrong_for_the_model_passes_the_shard_check_and_fails_the_logprob_probe(groups, sync):
+    """Engine 1's loader adds 1.0 to a tensor, in the real load and in the check's fresh load
+    alike: the check agrees with itself, the probe names the engine; a right loader passes again."""
     trainer, engines = groups
     probe = LogprobProbe([(p, ANSWER) for p in PROMPTS])
-    engines.execute_on(1).swap_qk(True).wait()
+    engines.execute_on(1).fault("loader").wait()
     try:
         version = sync.version + 1
         trainer.execute_on(0).train_to(version).wait()
         probe.expect(version, lambda s: _trainer_logprobs(trainer, s))
-        sync.update(version)  # the checksums agree: the wrong views are hashed as they were loaded
+        sync.update(version)
         with pytest.raises(LogprobMismatchError, match=rf"version {version}: .* at engine:1, sequence"):
             probe.check(version, engines)
         assert probe.check(version, engines, ranks=[0]) < EXACT
     finally:
-        engines.execute_on(1).swap_qk(False).wait()
-    version = sync.version + 1  # the next update, mapped right, loads every tensor where it belongs
+        engines.execute_on(1).fault(None).wait()
+    version = sync.version + 1
     trainer.execute_on(0).train_to(version).wait()
     probe.expect(version, lambda s: _trainer_logprobs(trainer, s))
     sync.update(version)
@@ -216,8 +228,7 @@ def test_a_sigkilled_engine_is_replaced_and_readmitted_from_its_peer(groups, syn
     probe = LogprobProbe([(p, ANSWER) for p in PROMPTS], tolerance=EXACT)
     probe.expect(sync.version, lambda s: _trainer_logprobs(trainer, s))
     assert probe.check(sync.version, engines) < EXACT  # the newcomer serves the admitted version
-    wanted = trainer.execute_on(0).digests().wait()[0]
-    assert engines.execute_on(1).views_report().wait()[0]["digests"] == wanted
+    assert engines.execute_on(1).served().wait() == [_serving(sync.version)]
 
 
 def test_sleep_mode_is_refused_on_the_cpu_platform(groups):
@@ -227,6 +238,72 @@ def test_sleep_mode_is_refused_on_the_cpu_platform(groups):
         engines.execute_on(0).sleep().wait()
 
 
+# ------------------------------------------------------------------- tensor parallelism (TP = 2)
+@pytest.fixture(scope="module")
+def tp2(cluster, placement, groups):
+    trainer, _ = groups
+    engine = Engine.create_group().launch(
+        cluster,
+        placement.get_strategy("engine_tp2"),
+        name="engine_tp2",
+        max_concurrency=2,
+        launch_timeout=300,
+    )
+    yield engine, WeightSync(trainer, engine, transport="object_store")
+    engine.shutdown()
+
+
+def test_a_tp2_engine_loads_verifies_and_serves_what_the_trainer_computes(groups, tp2):
+    trainer, _ = groups
+    engine, sync = tp2
+    assert engine.served().wait() == [_serving(0, tp_ranks=2)]
+    version = 3  # its own versions: the trainer's weights, 0.15 of noise away from the start
+    trainer.execute_on(0).train_to(version).wait()
+    probe = LogprobProbe([(p, ANSWER) for p in PROMPTS], tolerance=EXACT)
+    probe.expect(version, lambda s: _trainer_logprobs(trainer, s))
+    assert sync.update(version).version == version
+    assert engine.served().wait() == [_serving(version, tp_ranks=2)]
+    assert probe.check(version, engine) < EXACT
+    sampled = engine.sample(PROMPTS, 2, 3, temperature=1.0, seed=3).wait()[0]
+    expected = _trainer_logprobs(trainer, [(s.prompt_ids, s.token_ids) for s in sampled])
+    pairs = zip(sampled, expected, strict=True)
+    assert max(abs(a - b) for s, row in pairs for a, b in zip(s.logprobs, row, strict=True)) < EXACT
+
+
+def test_a_shard_left_stale_on_one_tp_rank_fails_the_update_naming_that_rank(groups, tp2):
+    trainer, _ = groups
+    engine, sync = tp2
+    before = sync.version
+    engine.fault("skip", 1).wait()  # TP rank 1 does not load q_proj of layer 0: its shard keeps `before`
+    trainer.execute_on(0).train_to(before + 1).wait()
+    with pytest.raises(WeightSyncError) as caught:
+        sync.update(before + 1)
+    message = str(caught.value)
+    assert caught.value.step == "verify" and sync.version == before
+    assert (
+        f"engine check of version {before + 1} failed: tp rank 1: 1 parameter(s) differ from version "
+        f"{before + 1} loaded afresh: model.layers.0.self_attn.qkv_proj.weight"
+    ) in message
+    assert "tp rank 0:" not in message
+    assert engine.served().wait() == [_serving(before, tp_ranks=2)]  # rolled back on both ranks
+    trainer.execute_on(0).train_to(before).wait()
+    probe = LogprobProbe([(p, ANSWER) for p in PROMPTS], tolerance=EXACT)
+    probe.expect(before, lambda s: _trainer_logprobs(trainer, s))
+    assert probe.check(before, engine) < EXACT
+
+
+def test_a_tp2_engine_leaves_no_worker_process_behind(tp2):
+    engine, _ = tp2
+    pid = engine.pid().wait()[0]
+    workers = descendants(pid)
+    assert len(workers - {pid}) >= 2  # vLLM's two TP workers, children of the engine's actor
+    engine.shutdown()
+    deadline = time.monotonic() + 30
+    while any(process_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in workers if process_alive(p)]
+
+
 # --------------------------------------------------------------------------- refusals, no Ray
 def _checkpoint(tmp_path, **config) -> str:
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -234,10 +311,6 @@ def _checkpoint(tmp_path, **config) -> str:
 
 
 def test_models_the_engine_cannot_serve_faithfully_are_refused_by_name(tmp_path):
-    with pytest.raises(
-        VLLMSettingsError, match=r"\['GPT2LMHeadModel'\]; the vLLM engine maps .* LlamaForCausalLM"
-    ):
-        VLLMSettings(model=_checkpoint(tmp_path, architectures=["GPT2LMHeadModel"])).check()
     quantized = _checkpoint(tmp_path, architectures=["LlamaForCausalLM"], quantization_config={"bits": 4})
     with pytest.raises(VLLMSettingsError, match="is quantized"):
         VLLMSettings(model=quantized).check()

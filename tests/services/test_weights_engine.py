@@ -1,6 +1,6 @@
 """Engine-style receivers on real Ray actors: a version staged on the host, loaded into the
-engine's own torch parameters during the pause, verified by hashing those parameters, rolled back
-by reloading the previous host copy; the engine's caches never outlive a swap."""
+engine's own torch parameters during the pause, checked by hashing those parameters against the
+host copy, rolled back by loading the previous host copy; the engine's caches never outlive a swap."""
 
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def test_a_replaced_engine_is_admitted_into_its_own_parameters(pair):
     expect_holding(engine, serving + 1)
 
 
-def test_an_engine_receiver_needs_one_host_copy_beyond_its_engine(launch):
+def test_updates_add_one_host_copy_to_what_an_engine_receiver_starts_with(launch):
     width, layers = 1024, 4  # 4 hidden layers of 4 MiB: 16 MiB of float32 parameters
     trainer, engine, sync = launch(width, layers)  # after the pair's tests: it stops their groups
     model = make_model(0, width, layers)
@@ -237,7 +237,7 @@ def test_an_engine_receiver_needs_one_host_copy_beyond_its_engine(launch):
         update(trainer, sync, version)
     peak = engine.execute_on(0).memory_peak().wait(timeout=30)[0]
     expect_holding(engine, 3, width, layers)
-    # the staging memory (one host copy, reused by every update) and the exchange's scratch (the
-    # largest bucket: here one tensor, a quarter of this model)
+    # the receiver starts with the engine and the serving version's host copy; updates add the
+    # staging copy, and from the third on each reuses the memory of the one before last
     extra = (peak - before) / model_bytes
     assert 0.9 < extra < 1.5, f"peak private memory beyond the engine: {extra:.2f} model copies"

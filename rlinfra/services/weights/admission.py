@@ -28,7 +28,7 @@ import xxhash
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, check_holds
+from rlinfra.services.weights.buffers import DoubleBuffers, Expected, check_holds
 from rlinfra.services.weights.transports.base import ReceiverSide
 
 SNAPSHOT_BUCKET_BYTES = buckets.DEFAULT_BUCKET_BYTES
@@ -73,7 +73,7 @@ class AdmissionReceiver(ReceiverSide):
         ``expected`` holds the committed version's checksums; without any (initial weights) the
         peer's are used. Raises ``WeightsVerifyError`` if the version or any bucket differs."""
         snapshot: Snapshot = ray.get(source[0], timeout=SNAPSHOT_FETCH_TIMEOUT_S)
-        taken = Buffers(snapshot.version, snapshot.manifest)
+        taken = self.private_buffers(snapshot.version, snapshot.manifest)
         taken.allocate(None)
         for index, (target, incoming) in enumerate(zip(taken.buckets, snapshot.buckets, strict=True)):
             digest = xxhash.xxh3_64()

@@ -8,6 +8,8 @@ transport that keeps it elsewhere (a GPU, the node's object store) subclasses it
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -89,6 +91,50 @@ class Buffers:
         """Take the checksums made for this process elsewhere, and say what does not hold the very
         bytes that were checked. Private buffers hashed what they hold themselves: nothing to say."""
         return []
+
+
+@dataclass(frozen=True)
+class BucketFile:
+    """Where another process of this node maps one bucket: ``/proc/<pid>/fd/<fd>``, ``nbytes`` long."""
+
+    path: str
+    nbytes: int
+
+
+class _MemoryFile:
+    """An anonymous in-memory file (``memfd``) and this process's writable mapping of it. The
+    kernel frees it with its last reference: a process killed mid-update leaves nothing behind
+    (a file in ``/dev/shm`` would stay)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.fd = os.memfd_create("rlinfra-bucket", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, max(nbytes, 1))
+        self.array = np.frombuffer(mmap.mmap(self.fd, max(nbytes, 1)), dtype=np.uint8, count=nbytes)
+        self.file = BucketFile(f"/proc/{os.getpid()}/fd/{self.fd}", nbytes)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass
+class MappableBuffers(Buffers):
+    """Private host buffers that other processes of this node can map (``files``): an engine
+    whose parameters live in worker processes of its own (vLLM's, one per tensor-parallel rank)
+    loads a version from them without a copy through a pipe or a pickle."""
+
+    memory: list[_MemoryFile] = field(default_factory=list)
+
+    def allocate(self, spare: Buffers | None) -> None:
+        sizes = [spec.nbytes for spec in self.manifest.buckets]
+        if isinstance(spare, MappableBuffers) and [m.file.nbytes for m in spare.memory] == sizes:
+            self.memory = spare.memory
+        else:
+            self.memory = [_MemoryFile(size) for size in sizes]
+        self.buckets = [memory.array for memory in self.memory]
+
+    @property
+    def files(self) -> list[BucketFile]:
+        return [memory.file for memory in self.memory]
 
 
 class DoubleBuffers:

@@ -1,35 +1,34 @@
-"""Engine-style receivers: the version is loaded into the engine's own parameters and verified there.
+"""Engine-style receivers: the version is loaded into the engine's own parameters and checked there.
 
 A real inference engine (vLLM, SGLang, a Hugging Face model serving ``generate``) cannot keep a
 second device copy of a large model, and what it serves is its own parameters, not a buffer the
 update filled. An ``EngineReceiver`` therefore works like this:
 
-    prepare (generation goes on)  the version is staged in host memory (one private copy, the
-                                   object_store or broadcast transport), hashed as it lands
-    pause → swap                   bucket by bucket, the staged tensors are loaded into the engine
-                                   (``load_weights``: an in-place copy by default) and the bytes
-                                   the engine held go back into the staging memory, which becomes
-                                   the host copy of the previous version
-    verify                         the engine's parameters as they are now (``engine_state``) are
-                                   hashed in the version's bucket layout and compared with the
-                                   trainer's checksums: a load that went wrong is caught, not only
-                                   a transfer that did
-    rollback                       the same exchange again: the previous host copy is reloaded
+    prepare (generation goes on)  the version is staged in private host memory (the object_store
+                                   or broadcast transport; ``private_buffers``), hashed as it lands
+    pause → swap                   the engine loads it (``engine_load``); a load that raises loads
+                                   the serving version again
+    verify                         the host copy is the version the trainer sent (its checksums),
+                                   and the engine's parameters hold exactly it (``engine_check``):
+                                   a load that went wrong is caught, not only a transfer that did
+    rollback                       the previous host copy is loaded again
     resume                         ``weights_loaded`` has dropped every cache made with the old
                                    weights (KV cache, prefix cache) before the gate opens
 
-Memory beyond the engine's own parameters: one host copy of the model (the staging memory, which
-the next update reuses) and a scratch buffer as large as the largest bucket, for the exchange. The
-pause does the loading and one hash of the engine's parameters: on a GPU engine that is a
-host-to-device copy and a device-to-host read per bucket, which is what a swap verified on what
-the engine serves costs.
+Memory beyond the engine's own parameters: two host copies of the model, the serving version's
+(for rollback, and for admitting a replaced peer) and the one being staged, each reused by the
+update after next.
 
-The engine implements two methods (and may override the others):
+The engine implements ``engine_state`` (and may override the others):
 
     engine_state()           {trainer's name: tensor} — views of the parameters the engine serves
                              (no copies), under the names the trainer's state dict uses
     load_weights(named)      put each (name, host tensor) into the engine; default: ``copy_`` in
                              place into ``engine_state()[name]``
+    engine_load(host)        the engine serves ``host``'s version; default: ``load_weights`` of
+                             its tensors, then ``weights_loaded``
+    engine_check(host)       raise ``WeightsVerifyError`` unless the engine holds exactly ``host``'s
+                             bytes; default: ``engine_state()`` hashed in the version's buckets
     weights_loaded(version)  drop caches computed with other weights; default: nothing
     engine_logprobs(seqs)    the engine's log-probs of given tokens, for the log-prob probe
                              (``rlinfra.services.weights.probe``)
@@ -40,10 +39,9 @@ Staging needs private host memory: ``object_store_shared`` (read-only shared mem
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
@@ -57,21 +55,12 @@ class EngineStagingError(ValueError):
     """An engine receiver was asked to stage a version somewhere it cannot exchange with its engine."""
 
 
-class EngineWeights(Buffers):
-    """The version an engine serves: its own parameters (``tensors``), in the version's bucket
-    layout. Holds no bytes of its own (never allocated, its views never built); ``digest`` hashes
-    what the engine holds now."""
-
-    def digest(self, index: int) -> int:
-        spec = self.manifest.buckets[index]
-        return buckets.arrays_checksum(buckets.bucket_views(self.tensors, spec))
-
-
 class EngineReceiver(WeightReceiver):
     """Mixin for a rollout worker whose engine serves from its own parameters (module docstring).
 
     ``set_initial_weights(tensors)`` loads ``tensors`` into the engine; ``set_initial_weights()``
-    (no tensors) adopts what the engine holds already (e.g. a model loaded from a checkpoint).
+    (no tensors) serves what the engine starts from (``engine_start_state``: by default what it
+    holds already, e.g. a model loaded from a checkpoint).
     """
 
     weights_as_torch = True
@@ -111,104 +100,84 @@ class EngineReceiver(WeightReceiver):
             "compares it with the trainer's"
         )
 
+    def engine_load(self, host: Buffers) -> None:
+        """The engine serves ``host``'s version: its tensors loaded, caches dropped."""
+        self.load_weights(host.tensors.items())
+        self.weights_loaded(host.version)
+
+    def engine_check(self, host: Buffers) -> None:
+        """The engine's parameters, hashed in ``host``'s bucket layout, against ``host``'s bytes."""
+        engine = self.engine_state()
+        held = Buffers(host.version, host.manifest)
+        for spec in host.manifest.buckets:
+            held.checksums[spec.index] = buckets.arrays_checksum(buckets.bucket_views(engine, spec))
+        expected = host.checksums or {spec.index: host.digest(spec.index) for spec in host.manifest.buckets}
+        check_holds(f"engine check of version {host.version}", held, Expected(host.version, expected))
+
+    def engine_start_state(self) -> Mapping[str, Any]:
+        """What ``set_initial_weights()`` serves when given nothing: what the engine holds now."""
+        return self.engine_state()
+
     # ------------------------------------------------------------------ the receiver's steps
     def set_initial_weights(self, tensors: Mapping[str, Any] | None = None, version: int = 0) -> None:
-        """Serve ``version`` before the first update: ``tensors`` loaded into the engine, or (none
-        given) the parameters the engine holds now."""
-        if tensors:
-            self.load_weights(tensors.items())
-        state = self.engine_state()
-        manifest = Manifest(version, buckets.plan_buckets(state))
-        self._rlinfra_weights = DoubleBuffers(EngineWeights(version, manifest, tensors=state))
-        self.weights_loaded(version)
+        """Serve ``version`` before the first update: ``tensors``, or (none given) what the engine
+        starts from; kept as the host copy, loaded and checked like any version."""
+        state = self.engine_start_state() if tensors is None else tensors
+        host = self.private_buffers(version, Manifest(version, buckets.plan_buckets(state)))
+        host.allocate(None)
+        for spec, bucket in zip(host.manifest.buckets, host.buckets, strict=True):
+            host.checksums[spec.index] = buckets.pack(state, spec, out=bucket)[1]
+        host.build_views(as_torch=True)
+        self.engine_load(host)
+        self.engine_check(host)
+        self._rlinfra_weights = DoubleBuffers(host)
 
     def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers) -> None:
         if kind is not Buffers:
             raise EngineStagingError(
                 f"{getattr(self, '_worker_name', type(self).__name__)} is an engine receiver: it stages "
-                f"a version in private host memory and exchanges it with its engine, but this transport "
+                f"a version in private host memory and loads it into its engine, but this transport "
                 f"stages in {kind.__name__}; use transport='object_store' or 'broadcast'"
             )
         super().weights_begin(manifest, kind)
 
-    def weights_stage_done(self, version: int) -> None:
-        self._weights_shadow(version).build_views(as_torch=True)  # load_weights takes torch tensors
-
     def weights_swap(self, owner: str, version: int) -> None:
-        """Load the staged version into the engine (the gate is closed: nothing generates); the
-        staging memory then holds the previous version, for rollback."""
+        """Load the staged version into the engine (the gate is closed: nothing generates)."""
         with self._weights() as state:
-            self._load(state, state.staged(owner, version), checksums={})
+            staged = state.staged(owner, version)
+            try:
+                self.engine_load(staged)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the failed load is the error to report
+                    self.engine_load(state.current)
+                raise
+            state.swap(owner, version)
 
     def weights_verify(self, expected: Expected) -> None:
-        """Hash the parameters the engine holds now, in the version's bucket layout, and check
-        them against the trainer's checksums (versions only, with ``checksums=False``)."""
+        """The host copy as it landed (version, checksums), then what the engine holds."""
         with self._weights() as state:
-            current = state.current
-            current.checksums = {index: current.digest(index) for index in expected.checksums}
             state.verify(expected)
+            self.engine_check(state.current)
 
     def weights_rollback(self, version: int) -> None:
-        """Undo a swap to ``version`` by loading the previous host copy back into the engine (the
-        staging memory then holds the rejected bytes, and is reused by the next update)."""
+        """Undo a swap to ``version``: the previous host copy is loaded again."""
         with self._weights() as state:
-            state.shadow = None
-            previous = state.previous
-            held = previous is not None and previous.version >= 0 and bool(previous.tensors)
-            if state.current.version == version and previous is not None and held:
-                self._load(state, previous, checksums=dict(previous.checksums))
-                previous.version, previous.checksums = -1, {}  # a spare: its bytes are the rejected ones
+            swapped = state.current.version == version and state.previous is not None
+            state.rollback(version)
+            if swapped:
+                self.engine_load(state.current)
 
     def weights_admit(self, source: list[Any], expected: Expected) -> None:
-        """Take a peer's snapshot, verified (``AdmissionReceiver``), load it into the engine and
-        verify the engine's parameters against the same checksums; keep the copy as staging
-        memory for the next update."""
+        """Take a peer's version (verified as it was copied), then load and check it in the
+        engine; the engine serves nothing until it passes."""
         super().weights_admit(source, expected)
-        taken = self._weights().current
-        del self._rlinfra_weights  # serves nothing until the engine's parameters verify
-        self.load_weights(taken.tensors.items())
-        serving = EngineWeights(taken.version, taken.manifest, tensors=self.engine_state())
-        serving.checksums = {index: serving.digest(index) for index in taken.checksums}
-        loading = f"admission (loading version {taken.version} into the engine)"
-        check_holds(loading, serving, Expected(taken.version, taken.checksums))
-        taken.version = -1
-        state = DoubleBuffers(serving)
-        state.previous = taken
+        state = self._weights()
+        del self._rlinfra_weights
+        self.engine_load(state.current)
+        self.engine_check(state.current)
         self._rlinfra_weights = state
-        self.weights_loaded(serving.version)
 
     def weights_snapshot(self) -> Snapshot:
-        """The serving version packed under the gate's lock: the engine's parameters change in
-        place on a swap, so they are read whole or not at all."""
+        """Packed under the gate's lock: the next update reuses the previous version's memory."""
         with self._weights():
             return super().weights_snapshot()
-
-    # -------------------------------------------------------------------------- the exchange
-    def _load(self, state: DoubleBuffers, host: Buffers, checksums: dict[int, int]) -> None:
-        """Exchange ``host`` with the engine: the engine then serves ``host``'s version (known to
-        hash to ``checksums``) and ``host``, as the previous version, holds what the engine served."""
-        serving, version = state.current, host.version
-        self._exchange(host)
-        host.version, host.checksums = serving.version, dict(serving.checksums)
-        state.current = EngineWeights(
-            version, host.manifest, checksums=checksums, tensors=self.engine_state()
-        )
-        state.previous, state.shadow = host, None
-        self.weights_loaded(version)
-
-    def _exchange(self, host: Buffers) -> None:
-        """Bucket by bucket: the engine's bytes to a scratch buffer, ``host``'s tensors into the
-        engine (one ``load_weights`` call per bucket), the scratch into ``host``'s memory.
-        Afterwards the engine holds what ``host`` held and ``host`` what the engine held. The
-        scratch, as large as the largest bucket, is kept for the next exchange: a fresh temporary
-        each time would leave freed memory resident (glibc keeps it in the heap), so the
-        receiver's footprint would creep above one copy."""
-        engine = self.engine_state()
-        largest = max((spec.nbytes for spec in host.manifest.buckets), default=0)
-        scratch = getattr(self, "_rlinfra_exchange_scratch", None)
-        if scratch is None or scratch.nbytes < largest:
-            scratch = self._rlinfra_exchange_scratch = np.empty(largest, dtype=np.uint8)
-        for spec, bucket in zip(host.manifest.buckets, host.buckets, strict=True):
-            held, _ = buckets.pack(engine, spec, out=scratch[: spec.nbytes], hashed=False)
-            self.load_weights([(entry.name, host.tensors[entry.name]) for entry in spec.entries])
-            np.copyto(bucket, held)

@@ -88,6 +88,7 @@ class WeightReceiver(
         what lands only if the manifest says the version is checksummed."""
         with self._weights() as state:
             spare, state.previous = state.previous, None
+        kind = self.private_buffers if kind is Buffers else kind
         shadow = kind(manifest.version, manifest, hashed=manifest.hashed)
         shadow.allocate(spare)
         state.shadow = shadow

@@ -151,6 +151,9 @@ class ReceiverSide:
     """What every transport's receiver side builds on: this worker's gate and buffers."""
 
     weights_as_torch = False  # unpack into torch tensors instead of numpy arrays
+    # The private host buffers this receiver stages a version in (object_store, broadcast,
+    # admission): a subclass where other processes must read them (``MappableBuffers``).
+    private_buffers: ClassVar[type[Buffers]] = Buffers
 
     @served_asleep
     def set_initial_weights(self, tensors: Mapping[str, Any], version: int = 0) -> None:
