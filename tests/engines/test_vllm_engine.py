@@ -51,6 +51,7 @@ PROMPTS = [
 ]  # "12+34=", "56+78=", "9+12="
 ANSWER = [7, 9, 2]
 EXACT = 1e-4  # float32 vLLM against float32 Hugging Face: measured ~1e-6
+QKV_0 = "model.layers.0.self_attn.qkv_proj.weight"  # vLLM's fused parameter that holds q_proj of layer 0
 
 
 class Trainer(WeightSender, Worker):
@@ -183,7 +184,7 @@ def test_a_wrong_load_fails_the_update_naming_the_engine_and_every_engine_keeps_
     assert error.step == "verify" and error.failed_ranks == [1] and sync.version == before
     assert (
         f"rank 1 (node 0): WeightsVerifyError: engine check of version {version} failed: tp rank 0: "
-        f"1 parameter(s) differ from version {version} loaded afresh: model.layers.0.self_attn.qkv_proj.weight"
+        f"1 parameter(s) differ from version {version} loaded afresh: {QKV_0}"
     ) in str(error)
     assert engines.served().wait() == [_serving(before)] * 2
     assert probe.check(before, engines) < EXACT  # both serve the version before, as it was
@@ -282,7 +283,7 @@ def test_a_shard_left_stale_on_one_tp_rank_fails_the_update_naming_that_rank(gro
     assert caught.value.step == "verify" and sync.version == before
     assert (
         f"engine check of version {before + 1} failed: tp rank 1: 1 parameter(s) differ from version "
-        f"{before + 1} loaded afresh: model.layers.0.self_attn.qkv_proj.weight"
+        f"{before + 1} loaded afresh: {QKV_0}"
     ) in message
     assert "tp rank 0:" not in message
     assert engine.served().wait() == [_serving(before, tp_ranks=2)]  # rolled back on both ranks
