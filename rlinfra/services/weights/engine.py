@@ -100,11 +100,13 @@ class EngineReceiver(WeightReceiver):
             "compares it with the trainer's"
         )
 
+    @served_asleep
     def engine_load(self, host: Buffers) -> None:
         """The engine serves ``host``'s version: its tensors loaded, caches dropped."""
         self.load_weights(host.tensors.items())
         self.weights_loaded(host.version)
 
+    @served_asleep
     def engine_check(self, host: Buffers) -> None:
         """The engine's parameters, hashed in ``host``'s bucket layout, against ``host``'s bytes."""
         engine = self.engine_state()
@@ -114,6 +116,7 @@ class EngineReceiver(WeightReceiver):
         expected = host.checksums or {spec.index: host.digest(spec.index) for spec in host.manifest.buckets}
         check_holds(f"engine check of version {host.version}", held, Expected(host.version, expected))
 
+    @served_asleep
     def engine_start_state(self) -> Mapping[str, Any]:
         """What ``set_initial_weights()`` serves when given nothing: what the engine holds now."""
         return self.engine_state()
