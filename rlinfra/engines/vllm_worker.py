@@ -14,9 +14,10 @@ tensor-parallel sharding, so rlinfra keeps no name map of its own.
 the same loader from the same payload, into zeroed memory of the parameters' shapes (host memory,
 so a GPU holds no second copy): a parameter the load missed or left stale, a rank that loaded
 another version or nothing, and padding that is not zero all differ from it. The payload itself
-is the trainer's bytes: the engine hashed every bucket as it landed and compared it with the
-sender's checksum before the swap. Digests are vLLM's own (``compute_weight_checksums``: a
-sha256 per parameter of this rank).
+is the trainer's bytes: the engine hashed every bucket as it landed, and verify compares those
+hashes with the sender's checksums before it asks for this check. Digests are vLLM's own
+(``compute_tensor_digests``, what its ``compute_weight_checksums`` returns: a sha256 per
+parameter of this rank).
 
 On CPU, vLLM 0.32 hands linear weights to oneDNN and leaves empty parameters unless
 ``_supports_onednn`` is off before the model loads, in every worker process: importing this
