@@ -5,16 +5,19 @@ For each: vLLM loads it (and rlinfra checks every shard against the checkpoint a
 its log-probs equal the Hugging Face trainer's to 1e-4 before and after an update that vLLM's
 own loader put in and rlinfra verified; and a wrong load of the next update (a tensor loaded with
 1.0 added, inside vLLM's worker) is caught by the shard check and rolled back. One trainer actor
-serves every architecture; each gets an engine of its own.
+serves every architecture; each gets an engine of its own. An architecture vLLM does not know is
+refused when the engine starts, with vLLM's reason.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlinfra import Worker
+from rlinfra import Worker, WorkerGroupError
 from rlinfra.engines.vllm import VLLMEngine, VLLMSettings, _payload
 from rlinfra.services.weights import WeightSender, WeightSync, WeightSyncError
 from tests.engines.tiny_models import ARCHITECTURES, hf_logprobs, make_checkpoint
@@ -101,3 +104,16 @@ def test_an_architecture_loads_serves_the_trainers_logprobs_and_takes_verified_u
         assert _mismatch(trainer, engine) < EXACT  # back on version 1, exactly
     finally:
         engine.shutdown()
+
+
+def test_an_architecture_vllm_cannot_serve_is_refused_at_start_with_vllms_reason(
+    cluster, placement, tmp_path
+):
+    path = make_checkpoint("llama", tmp_path / "unknown")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    with pytest.raises(WorkerGroupError) as refused:
+        Engine.create_group(str(path)).launch(
+            cluster, placement.get_strategy("engine"), name="engine", launch_timeout=180
+        )
+    assert "rank 0" in str(refused.value) and "NoSuchForCausalLM" in str(refused.value)
