@@ -75,6 +75,15 @@ def settings(smoke: bool, folder: Path) -> dict[str, Any]:
     return {**SMOKE, "cache_dir": str(folder / "cache")} if smoke else {}
 
 
+def local_config(layout: str, seed: int, algo: dict[str, Any]) -> GRPOConfig:
+    """The one-process GRPO with a bundled config's algo settings (kl_coef, updates: the lr
+    decay's length) and ``algo`` over them, stopping at the target."""
+    bundled = job_config(ROOT / "examples" / "grpo_lm" / f"{layout}.yaml")
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    overrides = {k: v for k, v in {**bundled, **algo}.items() if k in fields}
+    return dataclasses.replace(GRPOConfig(**overrides), seed=seed, stop_at_target=True)
+
+
 def run_local(config: GRPOConfig) -> dict[str, Any]:
     result = train(config, log=lambda _: None)
     return {
@@ -164,11 +173,7 @@ def main() -> None:
     layouts = LAYOUTS[:1] if args.smoke else LAYOUTS
     with tempfile.TemporaryDirectory() as folder:
         algo = settings(args.smoke, Path(folder))
-        # The bundled configs' algo settings (kl_coef, updates: the lr decay's length), in one process.
-        bundled = job_config(ROOT / "examples" / "grpo_lm" / "disaggregated.yaml")
-        fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-        overrides = {k: v for k, v in {**bundled, **algo}.items() if k in fields}
-        config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
+        config = local_config("disaggregated", args.seed, algo)
         rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
         for name in layouts:
             rows[name] = run_layout(name, args.seed, Path(folder), algo)

@@ -35,7 +35,7 @@ import harness
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.grpo_lm import GOAL_S, job_config, run_layout, run_local, settings  # noqa: E402
+from benchmarks.grpo_lm import GOAL_S, local_config, run_layout, run_local, settings  # noqa: E402
 from examples.grpo_lm.lm.config import GRPOConfig  # noqa: E402
 from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
 from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
@@ -148,10 +148,7 @@ def main() -> None:
     layouts = ("vllm",) if args.smoke else ("disaggregated", "vllm")  # the smoke: two updates on vLLM
     with tempfile.TemporaryDirectory() as folder:
         algo = settings(args.smoke, Path(folder))
-        bundled = job_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")
-        fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-        overrides = {k: v for k, v in {**bundled, **algo}.items() if k in fields}
-        config = dataclasses.replace(GRPOConfig(**overrides), seed=args.seed, stop_at_target=True)
+        config = local_config("vllm", args.seed, algo)
         rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
         for layout in layouts:
             rows[layout] = run_layout(layout, args.seed, Path(folder), algo)

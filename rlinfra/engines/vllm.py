@@ -173,7 +173,7 @@ def read_checkpoint(folder: str) -> dict[str, Any]:
     return {name: tensor for file in files for name, tensor in load_file(file).items()}
 
 
-def _payload(host: Any) -> Any:
+def worker_payload(host: Any) -> Any:
     """What the workers load ``host`` (``MappableBuffers``: every host copy here) from."""
     from rlinfra.engines.vllm_worker import Payload
 
@@ -222,7 +222,7 @@ class VLLMEngine(EngineReceiver, TimeShared):
         """Every worker loads ``host``'s version; the engine then reports it as its weight version
         and keeps no prefix cache made with other weights."""
         self._wake_weights()
-        self.llm.collective_rpc("rlinfra_load", args=(host.version, _payload(host)))
+        self.llm.collective_rpc("rlinfra_load", args=(host.version, worker_payload(host)))
         self.llm.llm_engine.set_weight_version(str(host.version))
         self.llm.reset_prefix_cache()
 
@@ -232,7 +232,7 @@ class VLLMEngine(EngineReceiver, TimeShared):
         reported = self.llm.llm_engine.get_weight_version()
         if reported != str(version):
             problems.append(f"the engine reports weight version {reported!r}")
-        for check in self.llm.collective_rpc("rlinfra_check", args=(_payload(host),)):
+        for check in self.llm.collective_rpc("rlinfra_check", args=(worker_payload(host),)):
             if check.version != version:
                 problems.append(f"tp rank {check.tp_rank} last loaded version {check.version}")
             if check.differing:

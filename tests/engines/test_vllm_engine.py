@@ -20,22 +20,20 @@ import sys
 import time
 
 import pytest
-import torch
 
 from examples.grpo_lm.lm.grpo import sequence_logprobs
 from examples.grpo_lm.lm.model import load_pretrained
-from rlinfra import Worker, WorkerGroupError
+from rlinfra import WorkerGroupError
 from rlinfra.engines.vllm import (
     INSTALL_HINT,
-    VLLMEngine,
     VLLMSettings,
     VLLMSettingsError,
     VLLMUnavailableError,
-    _payload,
     require_vllm,
 )
-from rlinfra.services.weights import WeightSender, WeightSync, WeightSyncError
+from rlinfra.services.weights import WeightSync, WeightSyncError
 from rlinfra.services.weights.probe import LogprobMismatchError, LogprobProbe
+from tests.engines.parts import CheckedEngine, PerturbedTrainer
 from tests.examples.job_checks import GRPO_START
 from tests.listeners import descendants
 from tests.processes import process_alive
@@ -54,46 +52,24 @@ EXACT = 1e-4  # float32 vLLM against float32 Hugging Face: measured ~1e-6
 QKV_0 = "model.layers.0.self_attn.qkv_proj.weight"  # vLLM's fused parameter that holds q_proj of layer 0
 
 
-class Trainer(WeightSender, Worker):
+class Trainer(PerturbedTrainer):
     """The start checkpoint as a Hugging Face model; each version a fixed perturbation of it."""
 
     def __init__(self) -> None:
         self.model, self.tokenizer = load_pretrained(GRPO_START)
-        self.start = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
-
-    def weights_state(self):
-        return self.model.state_dict()
-
-    def train_to(self, version: int) -> None:
-        generator = torch.Generator().manual_seed(version)
-        with torch.no_grad():
-            for name, tensor in self.model.state_dict().items():
-                noise = torch.randn(tensor.shape, generator=generator) * 0.05 * version
-                tensor.copy_(self.start[name] + noise)
+        self.keep_start()
 
     def logprobs(self, sequences):
         return sequence_logprobs(self.model, sequences, int(self.tokenizer.pad_token_id))
 
 
-class Engine(VLLMEngine):
-    """rlinfra's engine as a job would subclass it, plus what the tests look at; its workers can
-    be told to load wrong (``tests/engines/vllm_faults.py``)."""
-
-    worker_extension = "tests.engines.vllm_faults.FaultyLoading"
+class Engine(CheckedEngine):
+    """The engine of these tests, on the GRPO job's start checkpoint."""
 
     def __init__(self) -> None:
         super().__init__(SETTINGS)
         if self.incarnation == 0:  # a replaced engine waits for admission
             self.set_initial_weights()
-
-    def fault(self, kind: str | None, tp_rank: int = 0) -> None:
-        self.llm.collective_rpc("set_fault", args=(kind, tp_rank))
-
-    def served(self) -> tuple[str, list[tuple[int, int | None, tuple[str, ...]]]]:
-        """The engine's weight version, and each TP rank's last loaded version and the parameters
-        that differ from the serving version loaded afresh."""
-        checks = self.llm.collective_rpc("rlinfra_check", args=(_payload(self._weights().current),))
-        return self.llm.llm_engine.get_weight_version(), [(c.tp_rank, c.version, c.differing) for c in checks]
 
     def pid(self) -> int:
         return os.getpid()

@@ -17,9 +17,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlinfra import Worker, WorkerGroupError
-from rlinfra.engines.vllm import VLLMEngine, VLLMSettings, _payload
-from rlinfra.services.weights import WeightSender, WeightSync, WeightSyncError
+from rlinfra import WorkerGroupError
+from rlinfra.engines.vllm import VLLMSettings
+from rlinfra.services.weights import WeightSync, WeightSyncError
+from tests.engines.parts import CheckedEngine, PerturbedTrainer
 from tests.engines.tiny_models import ARCHITECTURES, hf_logprobs, make_checkpoint
 
 CFG = {"cluster": {"num_nodes": 1, "simulate": "1x2", "component_placement": {"trainer": "0", "engine": "1"}}}
@@ -28,40 +29,21 @@ EXACT = 1e-4
 SEQUENCES = [([1, 4, 5, 13], [6, 7, 14, 2]), ([1, 8, 9, 13, 10], [11, 12, 3])]
 
 
-class Trainer(WeightSender, Worker):
-    """A Hugging Face model of any architecture; version v is a fixed perturbation of its start."""
+class Trainer(PerturbedTrainer):
+    """A Hugging Face model of any architecture, loaded by ``load``."""
 
     def load(self, path: str) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.start = {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
-
-    def weights_state(self):
-        return self.model.state_dict()
-
-    def train_to(self, version: int) -> None:
-        generator = torch.Generator().manual_seed(version)
-        with torch.no_grad():
-            for name, tensor in self.model.state_dict().items():
-                noise = torch.randn(tensor.shape, generator=generator) * 0.05 * version
-                tensor.copy_(self.start[name] + noise)
+        self.keep_start()
 
     def logprobs(self, sequences):
         return hf_logprobs(self.model, sequences)
 
 
-class Engine(VLLMEngine):
-    worker_extension = "tests.engines.vllm_faults.FaultyLoading"
-
+class Engine(CheckedEngine):
     def __init__(self, path: str) -> None:
         super().__init__(VLLMSettings(model=path, dtype="float32", kv_cache_mib=16))
         self.set_initial_weights()
-
-    def fault(self, kind: str) -> None:
-        self.llm.collective_rpc("set_fault", args=(kind, 0))
-
-    def served(self) -> tuple[str, list[tuple[int, int | None, tuple[str, ...]]]]:
-        checks = self.llm.collective_rpc("rlinfra_check", args=(_payload(self._weights().current),))
-        return self.llm.llm_engine.get_weight_version(), [(c.tp_rank, c.version, c.differing) for c in checks]
 
 
 @pytest.fixture(scope="module")
