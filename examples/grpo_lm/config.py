@@ -96,6 +96,14 @@ def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
             f"algo.{built[0]}: shapes and warms up the model the job builds itself, but model.path "
             f"({job.model.path}) gives the start checkpoint; remove one of them"
         )
+    placed = (cfg.get("cluster") or {}).get("component_placement") or {}
+    for key, entry in placed.items():
+        named = entry.get("model") if isinstance(entry, Mapping) else None
+        if named and named != job.model.path:
+            raise JobConfigError(
+                f"cluster.component_placement.{key}.model: {named!r}, but the job loads model.path "
+                f"({job.model.path or 'empty: the model it builds itself'}); write ${{model.path}} there"
+            )
     vllm_only = [str(key) for key in (cfg.get("engine") or {}) if str(key) in VLLM_ONLY]
     if job.engine.name != "vllm" and vllm_only:
         raise JobConfigError(

@@ -9,7 +9,9 @@ a weight update goes through it:
     prepare (generation goes on)  the version is staged in private host memory that vLLM's
                                    workers can map (``MappableBuffers``), hashed as it lands and
                                    compared with the trainer's checksums at verify
-    pause → swap                   every worker loads it with the model's own ``load_weights``
+    pause → swap                   vLLM's weight-update sequence (start, update, finish, with
+                                   rlinfra's shared-memory backend): every worker loads it with
+                                   the model's own ``load_weights``
                                    (vLLM's per-architecture mapping, fusing and TP sharding; any
                                    architecture vLLM serves), the engine's weight version is set,
                                    the prefix cache dropped
@@ -40,6 +42,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +59,7 @@ INSTALL_HINT = (
     f"(`make test` does), `pip install vllm=={VLLM_VERSION}` on a GPU machine"
 )
 WORKER_EXTENSION = "rlinfra.engines.vllm_worker.WeightLoading"
+WEIGHT_BACKEND = "rlinfra_shared_memory"  # registered with vLLM by that module (``SharedMemoryTransfer``)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -127,9 +131,12 @@ class Sampled:
     version: int
 
 
-def _start_llm(settings: VLLMSettings, devices: int, extension: str = WORKER_EXTENSION) -> Any:
+def _start_llm(
+    settings: VLLMSettings, devices: int, extension: str = WORKER_EXTENSION, backend: str = WEIGHT_BACKEND
+) -> Any:
     """``vllm.LLM`` in this process, on ``devices`` accelerators, with sleep mode where vLLM has it
-    (GPUs: time-sharing), every worker extended by ``extension`` (a ``WeightLoading``)."""
+    (GPUs: time-sharing), every worker extended by ``extension`` (a ``WeightLoading``) and
+    updated through the weight-transfer ``backend`` that module registers."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
         raise VLLMSettingsError(
             "VLLM_ENABLE_V1_MULTIPROCESSING is set: the engine core must run in the worker's own "
@@ -155,6 +162,7 @@ def _start_llm(settings: VLLMSettings, devices: int, extension: str = WORKER_EXT
         enable_sleep_mode=not on_cpu,
         use_tqdm_on_load=False,
         worker_extension_cls=extension,
+        weight_transfer_config={"backend": backend},
         # Inside a Ray actor vLLM would pick its Ray executor, which it refuses on CPU; its own
         # processes, children of this actor, go where the actor goes and see its devices.
         distributed_executor_backend="mp" if devices > 1 else None,
@@ -198,14 +206,37 @@ class VLLMEngine(EngineReceiver, TimeShared):
     private_buffers = MappableBuffers
     collect_cycles_on_sleep = False
     worker_extension = WORKER_EXTENSION  # the qualified name of a ``vllm_worker.WeightLoading`` (sub)class
+    weight_backend = WEIGHT_BACKEND  # a ``SharedMemoryTransfer`` (sub)class that extension's module registers
 
     def __init__(self, settings: VLLMSettings) -> None:
         settings.check()
         self.settings = settings
         self.engine_lock = threading.Lock()
         devices = len(self._placement.visible_accelerators) if self._placement is not None else 0
-        self.llm = _start_llm(settings, devices, self.worker_extension)
+        self.llm = _start_llm(settings, devices, self.worker_extension, self.weight_backend)
         self._asleep = self._weights_resident = False
+        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
+        executor.register_failure_callback(lambda: self._exit_with_workers(executor))
+
+    def _exit_with_workers(self, executor: Any) -> None:
+        """vLLM's monitor calls this when one of the engine's worker processes (TP ≥ 2) dies; it
+        has already stopped the others. An engine missing a shard cannot serve, so its own
+        process exits: supervision then sees one dead engine, replaces it in its bundle and
+        admits it at the served version, as for any worker that died."""
+        ended = ", ".join(
+            f"{w.proc.name} (pid {w.proc.pid}) exit code {w.proc.exitcode}" for w in executor.workers
+        )
+        print(
+            f"{self.worker_address}: a vLLM worker process died; this engine exits ({ended})",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    def engine_processes(self) -> list[int]:
+        """The PIDs of the processes vLLM runs this engine's TP ranks in (none of its own at TP 1)."""
+        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
+        return [worker.proc.pid for worker in getattr(executor, "workers", ())]
 
     def engine_platform(self) -> str:
         """``"cpu"``, ``"cuda"`` …: the platform vLLM runs this engine on."""
@@ -219,10 +250,17 @@ class VLLMEngine(EngineReceiver, TimeShared):
         return read_checkpoint(self.settings.model)
 
     def engine_load(self, host: Buffers) -> None:
-        """Every worker loads ``host``'s version; the engine then reports it as its weight version
-        and keeps no prefix cache made with other weights."""
+        """Every worker loads ``host``'s version through vLLM's weight-update sequence; the engine
+        then reports it as its weight version and keeps no prefix cache made with other weights."""
         self._wake_weights()
-        self.llm.collective_rpc("rlinfra_load", args=(host.version, worker_payload(host)))
+        rpc = self.llm.collective_rpc
+        rpc("start_weight_update")
+        try:
+            rpc("update_weights", args=({"version": host.version, "payload": worker_payload(host)},))
+        except BaseException:
+            rpc("rlinfra_abandon_update")
+            raise
+        rpc("finish_weight_update")
         self.llm.llm_engine.set_weight_version(str(host.version))
         self.llm.reset_prefix_cache()
 

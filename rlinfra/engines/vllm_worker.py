@@ -1,14 +1,17 @@
-"""What rlinfra adds to every vLLM worker process: loading a version with the model's own loader,
-and checking every parameter of the worker's shard against that version.
+"""What rlinfra adds to every vLLM worker process: a weight-transfer backend for vLLM's own RL
+weight API, and a check of every parameter of the worker's shard against a version.
 
 vLLM imports this module in each of its workers (``LLM(worker_extension_cls=...)``): the worker
 in the engine's own process at ``tensor_parallel_size=1``, one spawned process per rank above
-it. The engine calls the methods by name (``collective_rpc("rlinfra_load", ...)``), so no
-function is pickled and nothing but a ``Payload`` (file paths and the bucket layout) crosses the
-pipe: the worker maps the version's buckets where the engine staged them (``MappableBuffers``)
-and hands the tensors, as views, to the model's ``load_weights``. That loader knows each
-architecture's fused parameters (``qkv_proj``, ``gate_up_proj``), padded vocabulary and
-tensor-parallel sharding, so rlinfra keeps no name map of its own.
+it. Importing it registers ``SharedMemoryTransfer`` with vLLM's ``WeightTransferEngineFactory``
+as ``rlinfra_shared_memory`` (vLLM 0.32's own backends need NCCL, CUDA or its Ray executor), so
+the engine updates its weights with vLLM's sequence: ``start_weight_update`` →
+``update_weights`` → ``finish_weight_update``, then the engine's weight version. The update
+carries a ``Payload`` (file paths and the bucket layout; no function is pickled): each worker
+maps the version's buckets where the engine staged them (``MappableBuffers``) and hands the
+tensors, as views, to the model's ``load_weights``. That loader knows each architecture's fused
+parameters (``qkv_proj``, ``gate_up_proj``), padded vocabulary and tensor-parallel sharding, so
+rlinfra keeps no name map of its own. On GPUs the same load copies from host memory to the device.
 
 ``rlinfra_check`` is the verify step on the engine's own memory. The expected shard is made by
 the same loader from the same payload, into zeroed memory of the parameters' shapes (host memory,
@@ -35,6 +38,12 @@ import numpy as np
 import torch
 from vllm import _custom_ops
 from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
 
 from rlinfra.services.weights import buckets
@@ -70,19 +79,64 @@ class ShardCheck:
     differing: tuple[str, ...]
 
 
+@dataclass
+class NoConnection(WeightTransferInitInfo):
+    """The shared-memory backend connects to nothing: the payload names its files."""
+
+
+@dataclass
+class SharedMemoryUpdate(WeightTransferUpdateInfo):
+    version: int
+    payload: Payload
+
+
+class SharedMemoryTransfer(WeightTransferEngine[NoConnection, SharedMemoryUpdate]):
+    """vLLM's weight-transfer backend for a version staged in the engine's mappable host memory;
+    it remembers the version this rank last loaded whole (``None`` after a load that raised)."""
+
+    init_info_cls = NoConnection
+    update_info_cls = SharedMemoryUpdate
+    supports_draft_weight_update = False
+    version: int | None = None
+
+    def tensors(self, payload: Payload) -> Iterator[tuple[str, Any]]:
+        """What the model's loader is given for ``payload`` (the tests' faulty backend overrides it)."""
+        return payload.tensors()
+
+    def receive_weights(self, update_info: SharedMemoryUpdate) -> None:
+        self.version = None
+        with torch.no_grad():
+            self.model.load_weights(weights=self.tensors(update_info.payload))
+        self.version = update_info.version
+
+    def init_transfer_engine(self, init_info: NoConnection) -> None:
+        pass
+
+    def start_weight_update(self) -> None:  # loads in place: vLLM's layerwise reload is not needed
+        pass
+
+    def finish_weight_update(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+BACKEND = "rlinfra_shared_memory"
+WeightTransferEngineFactory.register_engine(BACKEND, SharedMemoryTransfer)
+
+
 class WeightLoading:
     """Mixed into vLLM's worker class (``worker_extension_cls``): the engine's calls by name."""
 
-    def rlinfra_load(self, version: int, payload: Payload) -> None:
-        """Load ``payload`` with the model's own ``load_weights``; this rank now serves ``version``."""
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        self._rlinfra_version: int | None = None  # a load that raises leaves no version claimed
-        with torch.no_grad():
-            model.load_weights(weights=payload.tensors())
-        self._rlinfra_version = version
+    def rlinfra_abandon_update(self) -> None:
+        """End a weight update that failed on another rank, so the next one can start here."""
+        if getattr(self, "_weight_update_active", False):
+            self.finish_weight_update()  # type: ignore[attr-defined]
 
     def rlinfra_check(self, payload: Payload) -> ShardCheck:
         """Compare every parameter of this rank with ``payload`` loaded afresh (module docstring)."""
+        transfer: SharedMemoryTransfer = self.weight_transfer_engine  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         served = compute_tensor_digests(model)
         parameters = list(model.parameters())
@@ -91,12 +145,10 @@ class WeightLoading:
             for parameter in parameters:
                 parameter.data = torch.zeros(parameter.shape, dtype=parameter.dtype, device="cpu")
             with torch.no_grad():
-                model.load_weights(weights=payload.tensors())
+                model.load_weights(weights=transfer.tensors(payload))
             expected = compute_tensor_digests(model)
         finally:
             for parameter, data in zip(parameters, held, strict=True):
                 parameter.data = data
         differing = tuple(sorted(name for name, digest in served.items() if expected.get(name) != digest))
-        return ShardCheck(
-            get_tensor_model_parallel_rank(), getattr(self, "_rlinfra_version", None), differing
-        )
+        return ShardCheck(get_tensor_model_parallel_rank(), transfer.version, differing)

@@ -52,7 +52,7 @@ MAX_ACCELERATORS_PER_NODE = 1024
 DEFAULT_NODE_TIMEOUT_S = 60.0
 DEFAULT_SIMULATED_CPUS = 16  # logical CPUs of a simulated node when simulate_cpus is not given
 
-COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus", "restart")
+COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus", "restart", "model")
 # RLinf's dynamic scheduler (GPUs moved between rollout and training at run time), which rlinfra
 # does not provide: with ``auto_scheduler: false`` and none of its settings, nothing is lost.
 AUTO_SCHEDULER_FIELDS = (
@@ -77,8 +77,9 @@ class ComponentConfig:
     """One key of ``component_placement``: the components it names (``"actor,inference"`` names
     two, sharing one strategy), their node groups, the placement string as written, and the
     component's own ``env_vars``, ``constraints``, ``num_cpus`` (CPUs per process; None: the
-    default rule of ``rlinfra.runtime.bundles``) and ``restart`` budget (None: the default of
-    ``rlinfra.placement.restart``)."""
+    default rule of ``rlinfra.runtime.bundles``), ``restart`` budget (None: the default of
+    ``rlinfra.placement.restart``) and ``model``, the checkpoint directory its processes hold (the
+    plan shows what it is; a job that loads another one refuses it)."""
 
     key: str
     names: tuple[str, ...]
@@ -88,6 +89,7 @@ class ComponentConfig:
     constraints: Constraints = NO_CONSTRAINTS
     num_cpus: float | None = None
     restart: RestartPolicy | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,20 @@ def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> Compone
         parse_constraints(value.get("constraints"), f"{path}.constraints", num_nodes),
         cpus,
         parse_restart(value.get("restart"), f"{path}.restart"),
+        _model_path(value.get("model"), f"{path}.model"),
     )
+
+
+def _model_path(value: Any, where: str) -> str | None:
+    if value is None or value == "":  # empty: an interpolated path the job leaves unset
+        return None
+    if not isinstance(value, str):
+        raise PlacementError(
+            f"expected a checkpoint path, got {value!r}",
+            where=where,
+            expected="a local Hugging Face checkpoint directory (with config.json)",
+        )
+    return value
 
 
 def _placement_text(value: Any, where: str) -> str:

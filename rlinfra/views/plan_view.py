@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rlinfra.placement import ClusterSpec, ComponentConfig, ComponentPlacement, Placement
+from rlinfra.placement.checkpoint import describe_checkpoint
 from rlinfra.placement.errors import rank_runs, short_ranks
 from rlinfra.views.device_map import DeviceMap, NodeRow, Occupants, build_device_map
 from rlinfra.views.layout_view import layout_table, layout_to_dict, relations_text
@@ -81,6 +83,7 @@ def plan_to_dict(
                 "node_groups": list(entry.node_groups),
                 "placement": entry.placement,
                 "placements": [record.to_dict() for record in placement.get_placements(name)],
+                **({"model": asdict(describe_checkpoint(entry.model))} if entry.model is not None else {}),
             }
             for entry in placement.config.components
             for name in entry.names
@@ -169,6 +172,8 @@ def strategy_table(
         f" · placement {entry.placement!r} on {', '.join(entry.node_groups)} · "
         f"{len(records)} processes ({kind}{sharded})"
     )
+    if entry.model is not None:
+        title.append(f" · {describe_checkpoint(entry.model).describe()}")
     indices = shown_indices(len(records), show_all)
     caption = None if len(indices) == len(records) else "--all shows every rank"
     table = titled_table(title, caption, show_edge=False)

@@ -122,6 +122,55 @@ def test_a_process_owning_several_gpus_shows_its_tensor_parallel_size(tmp_path: 
     assert "4 processes (GPU) " in words  # one device each: nothing to shard
 
 
+def test_a_components_checkpoint_is_shown_with_its_architecture_and_parameter_count(tmp_path: Path) -> None:
+    """Read from config.json alone: the weights are deleted first, and a 70B config is counted."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.engines.tiny_models import make_checkpoint
+
+    tied = make_checkpoint("qwen2_tied", tmp_path / "qwen")
+    expected = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tied).parameters())
+    for weights in tied.glob("*.safetensors"):
+        weights.unlink()
+    big = tmp_path / "llama70b"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+        "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "vocab_size": 128256,
+    }))  # fmt: skip
+    conf = write(
+        tmp_path,
+        "cluster:\n  num_nodes: 1\n  component_placement:\n"
+        f"    actor: {{placement: 0-3, model: {big}}}\n"
+        f"    rollout: {{placement: '4-7:0-1', model: {tied}}}\n"
+        f"    reward: {{placement: 0, model: {tmp_path / 'elsewhere'}}}\n",
+    )
+    result = invoke(conf, "--nodes", "1x8")
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.stdout.split())
+    assert "tensor_parallel_size=2) · Qwen2ForCausalLM, " in words
+    assert f"{expected / 1e3:.2f}K parameters" in words
+    assert "4 processes (GPU) · LlamaForCausalLM, 70.55B parameters" in words
+    assert f"{tmp_path / 'elsewhere'}: no config.json on this machine" in words
+    plan = json.loads(invoke(conf, "--nodes", "1x8", "--json").stdout)
+    assert plan["components"]["rollout"]["model"] == {
+        "path": str(tied),
+        "architecture": "Qwen2ForCausalLM",
+        "parameters": expected,
+    }
+    assert plan["components"]["actor"]["model"]["parameters"] == 70_553_706_496
+
+
+def test_a_components_checkpoint_must_be_a_path(tmp_path: Path) -> None:
+    conf = write(
+        tmp_path, "cluster:\n  num_nodes: 1\n  component_placement:\n    actor: {placement: 0, model: 7}\n"
+    )
+    assert_user_error(
+        invoke(conf, "--nodes", "1x1"), "cluster.component_placement.actor.model", "checkpoint path"
+    )
+
+
 def test_the_map_shows_every_unit_a_process_drives(tmp_path: Path) -> None:
     conf = write(
         tmp_path,

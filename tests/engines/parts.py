@@ -33,6 +33,7 @@ class CheckedEngine(VLLMEngine):
     """rlinfra's engine as a job would subclass it, plus what the tests look at."""
 
     worker_extension = "tests.engines.vllm_faults.FaultyLoading"
+    weight_backend = "rlinfra_faulty_shared_memory"
 
     def fault(self, kind: str | None, tp_rank: int = 0) -> None:
         self.llm.collective_rpc("set_fault", args=(kind, tp_rank))

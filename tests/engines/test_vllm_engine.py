@@ -269,16 +269,60 @@ def test_a_shard_left_stale_on_one_tp_rank_fails_the_update_naming_that_rank(gro
     assert probe.check(before, engine) < EXACT
 
 
+def test_a_load_that_fails_on_one_tp_rank_is_rolled_back_on_both(groups, tp2):
+    """TP rank 1's load raises while rank 0's goes through: the swap fails naming the rank's
+    error, the previous version is loaded again on both ranks (vLLM's update session is ended on
+    the rank that did not fail), and the next update goes through."""
+    trainer, _ = groups
+    engine, sync = tp2
+    before = sync.version
+    engine.fault("raise", 1).wait()
+    trainer.execute_on(0).train_to(before + 1).wait()
+    with pytest.raises(WeightSyncError, match="this rank's load failed") as caught:
+        sync.update(before + 1)
+    assert caught.value.step == "swap" and sync.version == before
+    assert engine.served().wait() == [_serving(before, tp_ranks=2)]
+    assert sync.update(before + 1).version == before + 1
+    assert engine.served().wait() == [_serving(before + 1, tp_ranks=2)]
+
+
+def test_a_sigkilled_vllm_worker_process_fails_its_engine_which_is_replaced_and_readmitted(groups, tp2):
+    """Not the engine's actor: one of the two vLLM worker processes under it. vLLM stops the
+    other, the engine's process exits, and the group sees a dead engine, which is replaced and
+    admitted at the served version on both shards; no process of the old engine is left."""
+    trainer, _ = groups
+    engine, sync = tp2
+    pid, (workers,) = engine.pid().wait()[0], engine.engine_processes().wait()
+    old = descendants(pid) | {pid}
+    assert len(workers) == 2 and set(workers) <= old
+    os.kill(workers[1], signal.SIGKILL)
+    _wait_until_gone({pid})  # the engine's own process exits: vLLM's monitor saw its worker die
+    with pytest.raises(WorkerGroupError, match=r"'engine_tp2': pid failed on rank\(s\) 0"):
+        engine.pid().wait(timeout=60)
+    engine.replace(0, "a vLLM worker process SIGKILLed by the test")
+    assert sync.admit([0]) == sync.version
+    assert engine.served().wait() == [_serving(sync.version, tp_ranks=2)]
+    trainer.execute_on(0).train_to(sync.version).wait()
+    probe = LogprobProbe([(p, ANSWER) for p in PROMPTS], tolerance=EXACT)
+    probe.expect(sync.version, lambda s: _trainer_logprobs(trainer, s))
+    assert probe.check(sync.version, engine) < EXACT
+    _wait_until_gone(old)
+
+
 def test_a_tp2_engine_leaves_no_worker_process_behind(tp2):
     engine, _ = tp2
     pid = engine.pid().wait()[0]
     workers = descendants(pid)
     assert len(workers - {pid}) >= 2  # vLLM's two TP workers, children of the engine's actor
     engine.shutdown()
-    deadline = time.monotonic() + 30
-    while any(process_alive(p) for p in workers) and time.monotonic() < deadline:
+    _wait_until_gone(workers)
+
+
+def _wait_until_gone(pids: set[int], within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p for p in workers if process_alive(p)]
+    assert not [p for p in pids if process_alive(p)]
 
 
 # --------------------------------------------------------------------------- refusals, no Ray

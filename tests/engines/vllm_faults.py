@@ -1,11 +1,13 @@
 """Wrong loads on purpose, inside vLLM's workers: rlinfra's worker extension with a fault switch.
 
-An engine of the tests names ``FaultyLoading`` as its worker extension; ``set_fault`` (through
-``collective_rpc``) makes the given tensor-parallel rank load wrong:
+An engine of the tests names ``FaultyLoading`` as its worker extension and ``FaultyTransfer`` (this
+module registers it with vLLM) as its weight backend; ``set_fault`` (through ``collective_rpc``)
+makes the given tensor-parallel rank load wrong:
 
     "perturb"  the next load (one: the rollback's is right) puts the payload's first layer tensor
                in with 1.0 added, as a broken transfer into the worker would
     "skip"     the next load leaves that tensor out (its parameter keeps the old version)
+    "raise"    the next load raises on that rank (the other ranks load)
     "loader"   every load, and the check's fresh load too, adds 1.0 to that tensor, as a
                loader that is wrong for the model would: the shard check agrees with itself, and
                only the log-prob probe can tell
@@ -17,8 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from rlinfra.engines.vllm_worker import Payload, ShardCheck, WeightLoading
+from rlinfra.engines.vllm_worker import Payload, SharedMemoryTransfer, WeightLoading
 
 
 class _Faulty:
@@ -39,16 +42,25 @@ class _Faulty:
                 yield name, tensor + 1.0
 
 
+class FaultyTransfer(SharedMemoryTransfer):
+    """rlinfra's backend, loading wrong while ``fault`` is set (module docstring)."""
+
+    fault: str | None = None
+
+    def tensors(self, payload: Payload) -> Iterator[tuple[str, Any]]:
+        kind = self.fault
+        if kind in ("perturb", "skip", "raise"):
+            self.fault = None
+        if kind == "raise":
+            raise RuntimeError("the test's fault: this rank's load failed")
+        return payload.tensors() if kind is None else _Faulty(payload, kind).tensors()
+
+
+BACKEND = "rlinfra_faulty_shared_memory"
+WeightTransferEngineFactory.register_engine(BACKEND, FaultyTransfer)
+
+
 class FaultyLoading(WeightLoading):
     def set_fault(self, kind: str | None, tp_rank: int) -> None:
-        self._fault = kind if get_tensor_model_parallel_rank() == tp_rank else None
-
-    def rlinfra_load(self, version: int, payload: Payload) -> None:
-        kind = getattr(self, "_fault", None)
-        if kind in ("perturb", "skip"):
-            self._fault = None
-        super().rlinfra_load(version, payload if kind is None else _Faulty(payload, kind))  # type: ignore[arg-type]
-
-    def rlinfra_check(self, payload: Payload) -> ShardCheck:
-        loader_bug = getattr(self, "_fault", None) == "loader"
-        return super().rlinfra_check(_Faulty(payload, "loader") if loader_bug else payload)  # type: ignore[arg-type]
+        transfer: FaultyTransfer = self.weight_transfer_engine  # type: ignore[attr-defined]
+        transfer.fault = kind if get_tensor_model_parallel_rank() == tp_rank else None

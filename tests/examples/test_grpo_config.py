@@ -56,6 +56,18 @@ def test_settings_of_the_locally_built_model_are_refused_with_a_model_path() -> 
         parse_job_config(cfg)
 
 
+def test_a_component_placed_with_another_checkpoint_than_the_job_loads_is_refused() -> None:
+    cfg = job_config(
+        "vllm_tp2", "model.path=/models/qwen", "cluster.component_placement.rollout.model=/models/llama",
+        example="grpo_lm",
+    )  # fmt: skip
+    with pytest.raises(
+        JobConfigError, match=r"cluster.component_placement.rollout.model: '/models/llama', but the job loads"
+    ):
+        parse_job_config(cfg)
+    assert parse_job_config(job_config("vllm_tp2", "model.path=/models/qwen", example="grpo_lm"))
+
+
 def test_engine_vllm_without_vllm_installed_is_refused_before_ray_starts(monkeypatch, capsys) -> None:
     from examples.grpo_lm import job as grpo_job
 

@@ -11,7 +11,9 @@ version before it takes it:
                                        checksum must be the committed ones; then serve it
 
 The trainer is not involved: by the time a rollout worker dies it may have trained further, and
-the version to serve is the committed one, which only the rollout workers still hold. Initial
+the version to serve is the committed one, which only the rollout workers still hold. A group of
+one rollout worker has no peer, so ``WeightSync`` keeps its snapshot of each committed version in
+Ray's object store and admits a replacement from that. Initial
 weights (set with ``set_initial_weights``, never sent by an update) have no trainer checksums;
 they are checked end to end, the newcomer's hashes against the peer's.
 """

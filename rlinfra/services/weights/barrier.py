@@ -31,6 +31,7 @@ from typing import Any
 
 import ray
 
+from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.services.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest
@@ -137,6 +138,8 @@ class WeightSync:
         self.alive = self._link.alive  # the receiver ranks still taking part (the dead leave it)
         self._transport = BY_NAME[self.transport](self._link, self.cross_group)
         self._transport.check(self.checksums)
+        self._kept: GroupCall | None = None
+        self._keep_lone_copy()
 
     # ------------------------------------------------------------------------------- protocol
     def update(self, version: int) -> UpdateReport:
@@ -212,6 +215,7 @@ class WeightSync:
         self.version, self.staged = version, None
         self._committed = Expected(version, prepared.checksums)
         self._transport.committed(version)
+        self._keep_lone_copy()
         nbytes, count = prepared.manifest.nbytes, len(prepared.manifest.buckets)
         prepare_s, held_s = prepared.prepare_s, max((held for _, held in resumed), default=0.0)
         return UpdateReport(version, nbytes, count, prepare_s, pause_s, prepare_s + pause_s, held_s)
@@ -244,7 +248,8 @@ class WeightSync:
 
     def admit(self, ranks: Sequence[int]) -> int:
         """Give receiver ``ranks`` (replaced or added workers, serving nothing yet) the committed
-        version, copied from a live peer and checked against that version's checksums
+        version, copied from a live peer (a group of one: from the copy kept at commit) and
+        checked against that version's checksums
         (``rlinfra.services.weights.admission``); they then take part in every later update.
         Returns the version. Refused while a version is staged (``abandon`` it first).
 
@@ -261,29 +266,44 @@ class WeightSync:
                 f"version {self.staged.version} is staged; commit or abandon it before admitting {newcomers}"
             )
         receivers = self.receivers
-        peers = [rank for rank in self.alive if rank not in newcomers]
         failure: BaseException | None = None
-        for peer in peers:
-            snapshot = receivers.call(WeightReceiver.weights_snapshot, [peer], timeout=self.step_timeout_s)
+        for peer in [rank for rank in self.alive if rank not in newcomers] + [None]:
+            snapshot = (
+                self._kept
+                if peer is None
+                else receivers.call(WeightReceiver.weights_snapshot, [peer], timeout=self.step_timeout_s)
+            )
+            if snapshot is None:
+                break
+            source = "the copy kept when it was committed" if peer is None else f"rank {peer}"
             try:
                 taking = receivers.call(
                     WeightReceiver.weights_admit,
                     newcomers,
                     args=([snapshot.refs[0]], self._committed),
                     timeout=self.step_timeout_s,
-                    action=f"admission at version {self.version} (copied from rank {peer})",
+                    action=f"admission at version {self.version} (copied from {source})",
                 )
                 snapshot.wait()  # a dead peer: try the next one
                 taking.wait()
             except WorkerGroupError as error:
                 failure = error
-                if error.group == receivers.name and error.failed_ranks == [peer]:
+                if peer is not None and error.group == receivers.name and error.failed_ranks == [peer]:
                     continue
                 break
             self.alive[:] = sorted(set(self.alive) | set(newcomers))
             return self.version
         cause = failure or RuntimeError(f"no live receiver holds version {self.version} to copy from")
         raise WeightSyncError("admit", self.version, self.version, cause)
+
+    def _keep_lone_copy(self) -> None:
+        """A group of one receiver has no peer to admit its replacement from, so its serving
+        version is kept as a snapshot in Ray's object store after every commit (owned by this
+        driver, it outlives the worker): one more host copy of the model, taken beside generation."""
+        if self.receivers.world_size == 1 and self.transport != "cuda_ipc":
+            self._kept = self.receivers.call(
+                WeightReceiver.weights_snapshot, [0], timeout=self.step_timeout_s
+            )
 
     # ------------------------------------------------------------------------------- recovery
     def _rolled_back(

@@ -47,7 +47,7 @@ from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.admission import Snapshot
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, check_holds
+from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsSwapError, check_holds
 from rlinfra.services.weights.roles import WeightReceiver
 
 
@@ -150,9 +150,13 @@ class EngineReceiver(WeightReceiver):
             staged = state.staged(owner, version)
             try:
                 self.engine_load(staged)
-            except BaseException:
+            except BaseException as error:
                 with contextlib.suppress(Exception):  # the failed load is the error to report
                     self.engine_load(state.current)
+                if isinstance(error, Exception):
+                    raise WeightsSwapError(
+                        f"loading version {version} into the engine failed: {error}"
+                    ) from error
                 raise
             state.swap(owner, version)
 
