@@ -11,19 +11,27 @@ Baselines, measured in the same run:
 - one version put into that one process's model by vLLM's own ``load_weights`` (the floor of a
   swap): the job's pause per update (pause -> load on every worker -> check every shard -> resume,
   the driver's clock) against it, and as a fraction of the actor's update (goal <= 5 %);
+- ``vllm.LLM(tensor_parallel_size=2)`` alone (its two workers in processes of its own, as the
+  engine runs them) against one hosted engine owning two simulated devices, and the job at TP 2
+  (``vllm_tp2.yaml``, a fixed number of updates): its pause against the same raw load;
 - ``examples/grpo_lm/lm/train_local.py`` (the same GRPO in one process, no Ray) and the job with
   ``engine: hf`` (``disaggregated.yaml``): time to warm-up + 0.25 held-out exact match next to the
   job on vLLM (``vllm.yaml``); goal: within 10 minutes.
 
-Both jobs run as a user runs them (``rlinfra run CONFIG`` in a subprocess) and are read from their
-outputs, the log-prob probe's ``logprob_mismatch`` included. The last line is one JSON object.
+The jobs run as a user runs them (``rlinfra run CONFIG`` in a subprocess) and are read from their
+outputs, the log-prob probe's ``logprob_mismatch`` included; each ``vllm.LLM`` alone runs in a
+process of its own (``--alone TP``). ``--smoke`` runs the TP 2 job for two updates and TP 1 beside
+it. The last line is one JSON object.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,14 +49,18 @@ from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
 from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
 from rlinfra.driver.metrics import read_metrics  # noqa: E402
 
-THROUGHPUT_GOAL, PAUSE_GOAL = 0.8, 0.05
+THROUGHPUT_GOAL, PAUSE_GOAL, ONE_ENGINE_GOAL = 0.8, 0.05, 0.95
+TP2_UPDATES = 30
 
 
-def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) -> dict[str, float]:
+def vllm_alone(
+    config: GRPOConfig, engine: dict[str, Any], repeats: int = 20, tp: int = 1
+) -> dict[str, float]:
     """Tokens/s of one ``vllm.LLM`` in this process on one step's batch (a seed per call, as the
-    engines sample), and the time of vLLM's own ``load_weights`` of a whole version in it."""
+    engines sample), and at TP 1 the time of vLLM's own ``load_weights`` of a whole version in it."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     import torch
     import vllm
     from transformers import AutoTokenizer
@@ -65,6 +77,8 @@ def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) ->
         enforce_eager=True,
         kv_cache_memory_bytes=engine["kv_cache_mib"] * 2**20,
         logprobs_mode="processed_logprobs",
+        tensor_parallel_size=tp,
+        distributed_executor_backend="mp" if tp > 1 else None,
     )
     tokenizer = AutoTokenizer.from_pretrained(path)
     sampler = PromptSampler("benchmark")
@@ -81,6 +95,9 @@ def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) ->
         if index:  # the first call warms up
             seconds += time.perf_counter() - started
             tokens += sum(len(s.token_ids) for request in outputs for s in request.outputs)
+    if tp > 1:
+        llm.llm_engine.engine_core.shutdown()  # its worker processes end with it
+        return {"tokens_per_s": round(tokens / seconds, 1)}
     (model,) = llm.apply_model(lambda model: model)
     version = {name: tensor + 1e-3 for name, tensor in read_checkpoint(str(path)).items()}
     loads = []
@@ -96,24 +113,36 @@ def vllm_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) ->
     }
 
 
-def engines_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20) -> dict[str, float]:
-    """Tokens/s of the job's engine class launched by rlinfra (embedded Ray, two engines on two
-    simulated GPUs), nothing else running, by the driver's clock: the two with half of one step's
-    batch each (as the job splits it), and one with the whole batch."""
+def engines_alone(
+    config: GRPOConfig, engine: dict[str, Any], repeats: int = 20, tp2: bool = True
+) -> dict[str, float]:
+    """Tokens/s of the job's engine class launched by rlinfra (embedded Ray, simulated GPUs),
+    nothing else running, by the driver's clock: two engines with half of one step's batch each
+    (as the job splits it), one with the whole batch, and (``tp2``) one owning two devices."""
     from examples.grpo_lm.vllm_rollout import VLLMRolloutWorker
     from rlinfra import Cluster, ComponentPlacement
 
-    section = {"num_nodes": 1, "simulate": "1x2", "component_placement": {"rollout": "0-1"}}
+    placed = {"rollout": "0-1", **({"rollout_tp2": "2-3:0"} if tp2 else {})}
+    section = {"num_nodes": 1, "simulate": "1x4" if tp2 else "1x2", "component_placement": placed}
     settings = {"dtype": engine["dtype"], "kv_cache_mib": engine["kv_cache_mib"]}
     path = str(warm_start(config.cache_dir, config, log=lambda _: None))
     sampler, figures = PromptSampler("benchmark"), {}
     with Cluster(cluster_cfg=section) as cluster:
-        strategy = ComponentPlacement({"cluster": section}, cluster).get_strategy("rollout")
-        group = VLLMRolloutWorker.create_group(dataclasses.asdict(config), path, settings).launch(
-            cluster, strategy, name="rollout", max_concurrency=2, launch_timeout=300
-        )
-        group.set_initial_weights().wait()
-        for name, ranks in (("two_engines", [0, 1]), ("one_engine", [0])):
+        groups = {
+            name: VLLMRolloutWorker.create_group(dataclasses.asdict(config), path, settings).launch(
+                cluster,
+                ComponentPlacement({"cluster": section}, cluster).get_strategy(name),
+                name=name,
+                max_concurrency=2,
+                launch_timeout=300,
+            )
+            for name in placed
+        }
+        for group in groups.values():
+            group.set_initial_weights().wait()
+        runs = [("two_engines", "rollout", [0, 1]), ("one_engine", "rollout", [0])]
+        for name, component, ranks in runs + ([("tp2_engine", "rollout_tp2", [0])] if tp2 else []):
+            group = groups[component]
             tokens, seconds = 0, 0.0
             for index in range(repeats + 1):
                 prompts = sampler.sample(config.prompts_per_step)
@@ -124,8 +153,26 @@ def engines_alone(config: GRPOConfig, engine: dict[str, Any], repeats: int = 20)
                     seconds += time.perf_counter() - started
                     tokens += sum(batch["tokens"] for batch in done)
             figures[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
-        group.shutdown()
+        for group in groups.values():
+            group.shutdown()
     return figures
+
+
+def alone_in_a_process(tp: int, seed: int, smoke: bool) -> dict[str, float]:
+    """``vllm_alone`` in a fresh process (one ``vllm.LLM`` per process, as vLLM expects)."""
+    command = [
+        sys.executable,
+        __file__,
+        "--alone",
+        str(tp),
+        "--seed",
+        str(seed),
+        *(["--smoke"] if smoke else []),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm.LLM alone at TP {tp} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def probe_figures(output: Path) -> dict[str, float]:
@@ -138,6 +185,7 @@ def probe_figures(output: Path) -> dict[str, float]:
 def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--alone", type=int, metavar="TP", help=argparse.SUPPRESS)
     args = parser.parse_args()
     from omegaconf import OmegaConf
 
@@ -145,21 +193,31 @@ def main() -> None:
 
     engine = dict(OmegaConf.to_container(load_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")["engine"]))
     repeats = 1 if args.smoke else 20
-    layouts = ("vllm",) if args.smoke else ("disaggregated", "vllm")  # the smoke: two updates on vLLM
     with tempfile.TemporaryDirectory() as folder:
         algo = settings(args.smoke, Path(folder))
         config = local_config("vllm", args.seed, algo)
-        rows: dict[str, dict[str, Any]] = {"local": run_local(config)}
-        for layout in layouts:
+        if args.alone:  # the child of ``alone_in_a_process``
+            print(json.dumps(vllm_alone(config, engine, repeats, tp=args.alone)))
+            return
+        rows: dict[str, dict[str, Any]] = {} if args.smoke else {"local": run_local(config)}
+        for layout in () if args.smoke else ("disaggregated", "vllm"):
             rows[layout] = run_layout(layout, args.seed, Path(folder), algo)
+        fixed = {**algo, "updates": algo.get("updates", TP2_UPDATES), "stop_at_target": "false"}
+        rows["vllm_tp2"] = run_layout("vllm_tp2", args.seed, Path(folder), fixed)
+        for layout in rows.keys() - {"local"}:
             rows[layout] |= probe_figures(Path(folder) / layout)
-        hosted = engines_alone(config, engine, repeats)
-        alone = vllm_alone(config, engine, repeats)
-    job = rows["vllm"]
+        hosted = engines_alone(config, engine, repeats, tp2=not args.smoke)
+        alone = alone_in_a_process(1, args.seed, args.smoke)
+        alone_tp2 = {} if args.smoke else alone_in_a_process(2, args.seed, args.smoke)
+    job, tp2 = rows.get("vllm", rows["vllm_tp2"]), rows["vllm_tp2"]
     for name, figure in hosted.items():
-        job[f"{name.removesuffix('_tokens_per_s')}_vs_vllm_alone"] = round(figure / alone["tokens_per_s"], 3)
+        baseline = alone_tp2 if name.startswith("tp2") else alone
+        job[f"{name.removesuffix('_tokens_per_s')}_vs_vllm_alone"] = round(
+            figure / baseline["tokens_per_s"], 3
+        )
     job["in_job_vs_vllm_alone"] = round(job["tokens_per_s"] / alone["tokens_per_s"], 3)
-    job["pause_vs_raw_load"] = round(job["pause_ms"] / alone["raw_load_ms"], 1)
+    for row in {id(job): job, id(tp2): tp2}.values():
+        row["pause_vs_raw_load"] = round(row["pause_ms"] / alone["raw_load_ms"], 1)
     header = ("run", "reached", "warm", "final", "to target", "updates", "tok/s", "pause", "mismatch")
     print(f"{header[0]:<14}" + "".join(f"{h:>11}" for h in header[1:]))
     for name, row in rows.items():
@@ -179,18 +237,26 @@ def main() -> None:
     print(
         f"tokens/s vs vLLM alone: two engines {job['two_engines_vs_vllm_alone']}x, one engine "
         f"{job['one_engine_vs_vllm_alone']}x, inside the job (beside the training actor) "
-        f"{job['in_job_vs_vllm_alone']}x; pause {job['pause_ms']} ms per update "
-        f"({job['pause_vs_raw_load']}x a raw load_weights, {100 * job['pause_fraction']:.1f} % of the update)"
+        f"{job['in_job_vs_vllm_alone']}x"
+        + (f", one TP 2 engine vs vllm.LLM at TP 2 {job['tp2_engine_vs_vllm_alone']}x" if alone_tp2 else "")
     )
+    for name, row in (("TP 1", job), ("TP 2", tp2)) if job is not tp2 else (("TP 2", tp2),):
+        print(
+            f"pause at {name}: {row['pause_ms']} ms per update ({row['pause_vs_raw_load']}x a raw "
+            f"load_weights, {100 * row['pause_fraction']:.1f} % of the update)"
+        )
     goals = {
-        "reached_within_10_min": bool(job["reached"]) and job["time_to_target_s"] <= GOAL_S,
+        "reached_within_10_min": bool(job["reached"]) and (job["time_to_target_s"] or GOAL_S + 1) <= GOAL_S,
         "throughput": job["two_engines_vs_vllm_alone"] >= THROUGHPUT_GOAL,
-        "pause": job["pause_fraction"] <= PAUSE_GOAL,
+        "one_engine": job["one_engine_vs_vllm_alone"] >= ONE_ENGINE_GOAL,
+        "pause_tp1": job["pause_fraction"] <= PAUSE_GOAL,
+        "pause_tp2": tp2["pause_fraction"] <= PAUSE_GOAL,
     }
     summary = {
         "benchmark": "vllm_engine",
         "rows": rows,
         "vllm_alone": alone,
+        "vllm_alone_tp2": alone_tp2,
         "hosted": hosted,
         "goals": goals,
     }
