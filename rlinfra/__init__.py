@@ -10,27 +10,13 @@ from typing import TYPE_CHECKING
 from rlinfra.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from rlinfra.placement import (
-        ComponentPlacement as ComponentPlacement,
-    )
-    from rlinfra.placement import (
-        FlexiblePlacementStrategy as FlexiblePlacementStrategy,
-    )
-    from rlinfra.placement import (
-        NodePlacementStrategy as NodePlacementStrategy,
-    )
-    from rlinfra.placement import (
-        PackedPlacementStrategy as PackedPlacementStrategy,
-    )
-    from rlinfra.placement import (
-        Placement as Placement,
-    )
-    from rlinfra.placement import (
-        PlacementError as PlacementError,
-    )
-    from rlinfra.placement import (
-        PlacementStrategy as PlacementStrategy,
-    )
+    from rlinfra.placement import ComponentPlacement as ComponentPlacement
+    from rlinfra.placement import FlexiblePlacementStrategy as FlexiblePlacementStrategy
+    from rlinfra.placement import NodePlacementStrategy as NodePlacementStrategy
+    from rlinfra.placement import PackedPlacementStrategy as PackedPlacementStrategy
+    from rlinfra.placement import Placement as Placement
+    from rlinfra.placement import PlacementError as PlacementError
+    from rlinfra.placement import PlacementStrategy as PlacementStrategy
 
 __version__ = "0.1.0"
 

@@ -443,9 +443,7 @@ def _job_info(details: Any) -> JobInfo:
 
 
 def _env_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
 def _first_line(error: BaseException) -> str:

@@ -135,9 +135,7 @@ def bounded_int(digits: str) -> int | None:
     """``int(digits)`` for a string of ASCII digits, or None when it has more than ``MAX_DIGITS``
     significant digits (so absurd input is a ``PlacementError``, not Python's digit-limit error)."""
     significant = digits.strip().lstrip("0")
-    if len(significant) > MAX_DIGITS:
-        return None
-    return int(significant or "0")
+    return None if len(significant) > MAX_DIGITS else int(significant or "0")
 
 
 def _trimmed_span(part: str, offset: int) -> Span:

@@ -44,9 +44,7 @@ class WorkerAddress:
 
     def get_parent_address(self) -> WorkerAddress | None:
         """The address one level up, or None for the root group itself."""
-        if not self.rank_path:
-            return None
-        return WorkerAddress(self.root_group_name, self.rank_path[:-1])
+        return WorkerAddress(self.root_group_name, self.rank_path[:-1]) if self.rank_path else None
 
     def get_child_address(self, rank: int) -> WorkerAddress:
         return WorkerAddress(self.root_group_name, [*self.rank_path, rank])

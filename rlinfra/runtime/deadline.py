@@ -26,9 +26,7 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: float | None) -> Deadline:
-        if seconds is None:
-            return cls(math.inf, math.inf)
-        return cls(time.monotonic() + seconds, seconds)
+        return cls(math.inf, math.inf) if seconds is None else cls(time.monotonic() + seconds, seconds)
 
     def left(self) -> float:
         """Seconds left, never negative."""

@@ -123,9 +123,7 @@ class NamingStore:
 
     async def revoke_lease(self, lease_id: str) -> int:
         self._start()
-        if lease_id not in self._leases:
-            return 0
-        return self._end_lease(lease_id, "delete")
+        return self._end_lease(lease_id, "delete") if lease_id in self._leases else 0
 
     async def watch(
         self, prefix: str, since_version: int | None, timeout_s: float
