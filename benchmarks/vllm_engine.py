@@ -6,8 +6,10 @@ Baselines, measured in the same run:
   job's engines), on one step's whole batch (prompts_per_step x G completions). Against it: the
   job's two engines (``VLLMRolloutWorker`` launched by rlinfra on an embedded Ray, half the batch
   each, the driver's clock: Ray calls, version gate and ``Completion``s included), with nothing
-  else running (goal >= 0.8x); one such engine with the whole batch (what hosting costs); and the
-  engines inside the job (their own clock, while the actor trains beside them on the same cores);
+  else running (goal >= 0.8x); one such engine with the whole batch, against vLLM alone on the
+  engine's CPU share (one thread: what hosting costs; goal >= 0.95x); and the engines inside the
+  job (their own clock, while the actor trains beside them on the same cores). vLLM alone samples
+  with a seed per call, as the engines do;
 - one version put into that one process's model by vLLM's own ``load_weights`` (the floor of a
   swap): the job's pause per update (pause -> load on every worker -> check every shard -> resume,
   the driver's clock) against it, and as a fraction of the actor's update (goal <= 5 %);
@@ -82,11 +84,15 @@ def vllm_alone(
     )
     tokenizer = AutoTokenizer.from_pretrained(path)
     sampler = PromptSampler("benchmark")
-    params = vllm.SamplingParams(
-        n=config.group_size, temperature=config.temperature, max_tokens=config.max_new_tokens, logprobs=0
-    )
     tokens, seconds = 0, 0.0
     for index in range(repeats + 1):
+        params = vllm.SamplingParams(  # seeded per call, as the engines sample (vLLM's slower seeded path)
+            n=config.group_size,
+            temperature=config.temperature,
+            max_tokens=config.max_new_tokens,
+            logprobs=0,
+            seed=index,
+        )
         prompts = [
             {"prompt_token_ids": tokenizer(p)["input_ids"]} for p in sampler.sample(config.prompts_per_step)
         ]
@@ -127,39 +133,38 @@ def engines_alone(
     settings = {"dtype": engine["dtype"], "kv_cache_mib": engine["kv_cache_mib"]}
     path = str(warm_start(config.cache_dir, config, log=lambda _: None))
     sampler, figures = PromptSampler("benchmark"), {}
+    runs = {"rollout": [("two_engines", [0, 1]), ("one_engine", [0])], "rollout_tp2": [("tp2_engine", [0])]}
     with Cluster(cluster_cfg=section) as cluster:
-        groups = {
-            name: VLLMRolloutWorker.create_group(dataclasses.asdict(config), path, settings).launch(
+        # One component at a time: only the measured engines' processes are alive.
+        for component in placed:
+            group = VLLMRolloutWorker.create_group(dataclasses.asdict(config), path, settings).launch(
                 cluster,
-                ComponentPlacement({"cluster": section}, cluster).get_strategy(name),
-                name=name,
+                ComponentPlacement({"cluster": section}, cluster).get_strategy(component),
+                name=component,
                 max_concurrency=2,
                 launch_timeout=300,
             )
-            for name in placed
-        }
-        for group in groups.values():
             group.set_initial_weights().wait()
-        runs = [("two_engines", "rollout", [0, 1]), ("one_engine", "rollout", [0])]
-        for name, component, ranks in runs + ([("tp2_engine", "rollout_tp2", [0])] if tp2 else []):
-            group = groups[component]
-            tokens, seconds = 0, 0.0
-            for index in range(repeats + 1):
-                prompts = sampler.sample(config.prompts_per_step)
-                shares = [(prompts[i :: len(ranks)], index) for i in range(len(ranks))]
-                started = time.perf_counter()
-                done = group.call(VLLMRolloutWorker.generate, ranks, per_rank=shares).wait()
-                if index:
-                    seconds += time.perf_counter() - started
-                    tokens += sum(batch["tokens"] for batch in done)
-            figures[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
-        for group in groups.values():
+            for name, ranks in runs[component]:
+                tokens, seconds = 0, 0.0
+                for index in range(repeats + 1):
+                    prompts = sampler.sample(config.prompts_per_step)
+                    shares = [(prompts[i :: len(ranks)], index) for i in range(len(ranks))]
+                    started = time.perf_counter()
+                    done = group.call(VLLMRolloutWorker.generate, ranks, per_rank=shares).wait()
+                    if index:
+                        seconds += time.perf_counter() - started
+                        tokens += sum(batch["tokens"] for batch in done)
+                figures[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
             group.shutdown()
     return figures
 
 
-def alone_in_a_process(tp: int, seed: int, smoke: bool) -> dict[str, float]:
-    """``vllm_alone`` in a fresh process (one ``vllm.LLM`` per process, as vLLM expects)."""
+def alone_in_a_process(tp: int, seed: int, smoke: bool, threads: int | None = None) -> dict[str, float]:
+    """``vllm_alone`` in a fresh process (one ``vllm.LLM`` per process, as vLLM expects). With
+    ``threads``, it gets an engine's CPU share: Ray gives an actor owning k devices
+    ``OMP_NUM_THREADS=k`` (one CPU per device), so one engine is compared with vLLM computing on
+    as many threads; without, vLLM takes what the machine gives it."""
     command = [
         sys.executable,
         __file__,
@@ -169,7 +174,8 @@ def alone_in_a_process(tp: int, seed: int, smoke: bool) -> dict[str, float]:
         str(seed),
         *(["--smoke"] if smoke else []),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"vllm.LLM alone at TP {tp} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -208,10 +214,11 @@ def main() -> None:
             rows[layout] |= probe_figures(Path(folder) / layout)
         hosted = engines_alone(config, engine, repeats, tp2=not args.smoke)
         alone = alone_in_a_process(1, args.seed, args.smoke)
-        alone_tp2 = {} if args.smoke else alone_in_a_process(2, args.seed, args.smoke)
+        one_cpu = alone if args.smoke else alone_in_a_process(1, args.seed, args.smoke, threads=1)
+        alone_tp2 = {} if args.smoke else alone_in_a_process(2, args.seed, args.smoke, threads=2)
     job, tp2 = rows.get("vllm", rows["vllm_tp2"]), rows["vllm_tp2"]
     for name, figure in hosted.items():
-        baseline = alone_tp2 if name.startswith("tp2") else alone
+        baseline = {"tp2": alone_tp2, "one": one_cpu}.get(name.partition("_")[0], alone)
         job[f"{name.removesuffix('_tokens_per_s')}_vs_vllm_alone"] = round(
             figure / baseline["tokens_per_s"], 3
         )
@@ -233,7 +240,8 @@ def main() -> None:
             f"{row['logprob_mismatch_max']:.1e}" if "logprob_mismatch_max" in row else "-",
         )
         print(f"{name:<14}" + "".join(f"{cell!s:>11}" for cell in cells))
-    print(f"vllm.LLM alone, one step's batch: {alone}; the job's engines launched by rlinfra: {hosted}")
+    print(f"vllm.LLM alone, one step's batch: {alone}; on one CPU: {one_cpu}; at TP 2: {alone_tp2}")
+    print(f"the job's engines launched by rlinfra: {hosted}")
     print(
         f"tokens/s vs vLLM alone: two engines {job['two_engines_vs_vllm_alone']}x, one engine "
         f"{job['one_engine_vs_vllm_alone']}x, inside the job (beside the training actor) "
@@ -256,6 +264,7 @@ def main() -> None:
         "benchmark": "vllm_engine",
         "rows": rows,
         "vllm_alone": alone,
+        "vllm_alone_one_cpu": one_cpu,
         "vllm_alone_tp2": alone_tp2,
         "hosted": hosted,
         "goals": goals,
