@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.installed-vllm
 # or are unused on CPU (triton, 1 GB).
 VLLM_UNUSED := torchvision torchaudio torchcodec triton
 
-.PHONY: demo test install install-vllm slurm lint clean
+.PHONY: demo test test-fast install install-vllm slurm lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,12 +40,17 @@ slurm:
 			slurmctld slurmd slurm-client munge >/dev/null; \
 	fi
 
-lint: $(VLLM_STAMP)
+# mypy reads no vLLM (pyproject.toml), so linting does not wait for its install.
+lint: $(STAMP)
 	$(BIN)/ruff check rlinfra tests benchmarks examples
 	$(BIN)/ruff format --check rlinfra tests benchmarks examples
 	$(BIN)/mypy
 
-test: lint slurm
+# Lint and every test that starts no Ray and needs no vLLM: minutes, with no vLLM or Slurm install.
+test-fast: lint
+	$(BIN)/python -m pytest -m "not ray and not vllm" -q
+
+test: lint install-vllm slurm
 	$(BIN)/python -m pytest
 
 clean:

@@ -40,7 +40,7 @@ from tests.processes import process_alive
 
 PLACEMENT = {"trainer": "0", "engine": "1-2", "engine_tp2": "3-4:0"}  # the last: one process, two devices
 CFG = {"cluster": {"num_nodes": 1, "simulate": "1x5", "component_placement": PLACEMENT}}
-pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster(CFG), pytest.mark.vllm]
 SETTINGS = VLLMSettings(model=str(GRPO_START), dtype="float32", kv_cache_mib=32)
 PROMPTS = [
     [1, 4, 5, 13, 6, 7, 14],

@@ -24,7 +24,7 @@ from tests.engines.parts import CheckedEngine, PerturbedTrainer
 from tests.engines.tiny_models import ARCHITECTURES, hf_logprobs, make_checkpoint
 
 CFG = {"cluster": {"num_nodes": 1, "simulate": "1x2", "component_placement": {"trainer": "0", "engine": "1"}}}
-pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG)]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster(CFG), pytest.mark.vllm]
 EXACT = 1e-4
 SEQUENCES = [([1, 4, 5, 13], [6, 7, 14, 2]), ([1, 8, 9, 13, 10], [11, 12, 3])]
 

@@ -12,6 +12,7 @@ from rlinfra.driver.job_config import JobConfigError
 from tests.examples.job_checks import job_config
 
 
+@pytest.mark.vllm  # the vLLM layouts check that vLLM is installed
 def test_the_bundled_configs_parse() -> None:
     disaggregated = parse_job_config(job_config("disaggregated", example="grpo_lm"))
     colocated = parse_job_config(job_config("colocated", example="grpo_lm"))
@@ -56,6 +57,7 @@ def test_settings_of_the_locally_built_model_are_refused_with_a_model_path() -> 
         parse_job_config(cfg)
 
 
+@pytest.mark.vllm
 def test_a_component_placed_with_another_checkpoint_than_the_job_loads_is_refused() -> None:
     cfg = job_config(
         "vllm_tp2", "model.path=/models/qwen", "cluster.component_placement.rollout.model=/models/llama",

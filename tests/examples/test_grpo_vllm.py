@@ -30,7 +30,7 @@ from tests.examples.job_checks import (
 )
 
 CFG = job_config("vllm", example="grpo_lm")
-pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG)]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG), pytest.mark.vllm]
 ENGINES = 2
 TEN_MINUTES_S = 600.0
 

@@ -23,7 +23,7 @@ from tests.engines.tiny_models import make_checkpoint
 from tests.examples.job_checks import assert_resources_released, grpo_config, job_config, planned_placements
 
 CFG = job_config("vllm_tp2", example="grpo_lm")
-pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG)]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.cluster(CFG), pytest.mark.vllm]
 
 
 def _kill_a_vllm_worker_at_iteration_3(killed: list[int]):
