@@ -38,6 +38,7 @@ global RNG. Quantized checkpoints are refused until their swaps are tested.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -215,16 +216,16 @@ class VLLMEngine(EngineReceiver, TimeShared):
         devices = len(self._placement.visible_accelerators) if self._placement is not None else 0
         self.llm = _start_llm(settings, devices, self.worker_extension, self.weight_backend)
         self._asleep = self._weights_resident = False
-        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
-        executor.register_failure_callback(lambda: self._exit_with_workers(executor))
+        self._executor = self.llm.llm_engine.engine_core.engine_core.model_executor
+        self._executor.register_failure_callback(self._exit_with_workers)
 
-    def _exit_with_workers(self, executor: Any) -> None:
+    def _exit_with_workers(self) -> None:
         """vLLM's monitor calls this when one of the engine's worker processes (TP ≥ 2) dies; it
         has already stopped the others. An engine missing a shard cannot serve, so its own
         process exits: supervision then sees one dead engine, replaces it in its bundle and
         admits it at the served version, as for any worker that died."""
         ended = ", ".join(
-            f"{w.proc.name} (pid {w.proc.pid}) exit code {w.proc.exitcode}" for w in executor.workers
+            f"{w.proc.name} (pid {w.proc.pid}) exit code {w.proc.exitcode}" for w in self._executor.workers
         )
         print(
             f"{self.worker_address}: a vLLM worker process died; this engine exits ({ended})",
@@ -235,8 +236,7 @@ class VLLMEngine(EngineReceiver, TimeShared):
 
     def engine_processes(self) -> list[int]:
         """The PIDs of the processes vLLM runs this engine's TP ranks in (none of its own at TP 1)."""
-        executor = self.llm.llm_engine.engine_core.engine_core.model_executor
-        return [worker.proc.pid for worker in getattr(executor, "workers", ())]
+        return [worker.proc.pid for worker in getattr(self._executor, "workers", ())]
 
     def engine_platform(self) -> str:
         """``"cpu"``, ``"cuda"`` …: the platform vLLM runs this engine on."""
@@ -258,7 +258,8 @@ class VLLMEngine(EngineReceiver, TimeShared):
         try:
             rpc("update_weights", args=({"version": host.version, "payload": worker_payload(host)},))
         except BaseException:
-            rpc("rlinfra_abandon_update")
+            with contextlib.suppress(Exception):  # the failed load is the error to report
+                rpc("rlinfra_abandon_update")
             raise
         rpc("finish_weight_update")
         self.llm.llm_engine.set_weight_version(str(host.version))

@@ -46,6 +46,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
 
+from rlinfra.engines.vllm import WEIGHT_BACKEND
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import BucketFile
@@ -122,8 +123,7 @@ class SharedMemoryTransfer(WeightTransferEngine[NoConnection, SharedMemoryUpdate
         pass
 
 
-BACKEND = "rlinfra_shared_memory"
-WeightTransferEngineFactory.register_engine(BACKEND, SharedMemoryTransfer)
+WeightTransferEngineFactory.register_engine(WEIGHT_BACKEND, SharedMemoryTransfer)
 
 
 class WeightLoading:

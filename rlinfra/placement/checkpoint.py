@@ -5,6 +5,7 @@ counted once). The plan shows it beside the processes that hold the model."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ class Checkpoint:
         return f"{self.architecture}, {count}"
 
 
+@functools.cache  # the plan's table and its JSON, and each component a key names, ask alike
 def describe_checkpoint(path: str) -> Checkpoint:
     config_file = Path(path) / "config.json"
     try:
