@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an ins
 
 from examples.ppo_cartpole.job import run  # noqa: E402
 from rlinfra import Cluster, ComponentPlacement  # noqa: E402
-from rlinfra.cli.config_loading import load_config  # noqa: E402
+from rlinfra.config.loading import load_config  # noqa: E402
 from rlinfra.driver import RunResult  # noqa: E402
 from rlinfra.driver.failure_report import REPORT_FILE  # noqa: E402
 from rlinfra.driver.supervisor import Recovery  # noqa: E402

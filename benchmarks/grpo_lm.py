@@ -45,7 +45,7 @@ from examples.grpo_lm.lm.model import load_pretrained  # noqa: E402
 from examples.grpo_lm.lm.task import PromptSampler  # noqa: E402
 from examples.grpo_lm.lm.train_local import train  # noqa: E402
 from examples.grpo_lm.lm.warmup import warm_start  # noqa: E402
-from rlinfra.cli.config_loading import load_config  # noqa: E402
+from rlinfra.config.loading import load_config  # noqa: E402
 from rlinfra.driver.metrics import read_metrics  # noqa: E402
 
 

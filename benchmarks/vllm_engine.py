@@ -195,7 +195,7 @@ def main() -> None:
     args = parser.parse_args()
     from omegaconf import OmegaConf
 
-    from rlinfra.cli.config_loading import load_config
+    from rlinfra.config.loading import load_config
 
     engine = dict(OmegaConf.to_container(load_config(ROOT / "examples" / "grpo_lm" / "vllm.yaml")["engine"]))
     repeats = 1 if args.smoke else 20

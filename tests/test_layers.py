@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlinfra"
-LAYERS = ("placement", "runtime", "services", "engines", "views", "driver", "ops", "cli")
+LAYERS = ("config", "placement", "runtime", "services", "engines", "views", "driver", "ops", "cli")
 
 
 def _module_name(path: Path) -> str:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rlinfra import WeightReceiver, WeightSender, Worker
-from rlinfra.driver import Job, Run, RunResult, RunSettings, RunState, check_sections, job_main, parse_section
+from rlinfra.driver import Job, Run, RunResult, RunSettings, RunState, Section, job_main, parse_config
 
 PAYOUTS = (0.2, 0.5, 0.8, 0.3)  # each arm's chance of a reward of 1
 
@@ -73,20 +72,24 @@ class Sampler(WeightReceiver, Worker):
             }
 
 
-@dataclass(frozen=True)
-class Algo:
+class Algo(Section):
     iterations: int = 200
     pulls: int = 64
     learning_rate: float = 0.5
     target: float = 0.75
 
 
+class Config(Section):
+    algo: Algo
+    run: RunSettings
+
+
 class Bandit(Job):
     title, components, target_key = "bandit", ("actor", "rollout"), "mean_reward"
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
-        check_sections(cfg, ("name", "cluster", "run", "algo"))
-        self.algo, self.settings = parse_section(Algo, cfg, "algo"), parse_section(RunSettings, cfg, "run")
+        config = parse_config(Config, cfg)
+        self.algo, self.settings = config.algo, config.run
         self.total, self.state = self.algo.iterations, RunState()
 
     def launch(self, run: Run) -> None:

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from rlinfra import driver
+from rlinfra.config.loading import load_config
 
 HERE = Path(__file__).resolve().parent
 
 
 def compose_config(name: str, overrides: Sequence[str]) -> Any:
     """The config ``name`` from this folder with Hydra overrides applied (Hydra's full grammar)."""
-    return driver.compose_config(HERE, name, overrides)
+    return load_config(HERE, name, overrides)
 
 
 def _job_main() -> Callable[..., int]:

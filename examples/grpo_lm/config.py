@@ -9,28 +9,25 @@ where outputs go and how the job runs. ``rlinfra.driver.parse_config`` parses th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from examples.grpo_lm.lm.config import GRPOConfig
 from rlinfra import driver
-from rlinfra.driver import JobConfigError, parse_config
+from rlinfra.driver import JobConfigError, Section, parse_config
 from rlinfra.engines.vllm import VLLMUnavailableError, require_vllm
 
 # What only the model the job builds itself uses (with model.path they would be silently ignored).
 BUILT_LOCALLY = frozenset(
     {"hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"}
-    | {f.name for f in dataclasses.fields(GRPOConfig) if f.name.startswith("warmup_")}
+    | {name for name in GRPOConfig.model_fields if name.startswith("warmup_")}
 )
 VLLM_ONLY = ("dtype", "kv_cache_mib")  # what only the vLLM engine reads
-ENGINE_TRANSPORTS = ("object_store", "broadcast")  # what can fill an engine receiver's host memory
-STAGED = "the engine stages a version in private host memory"
 
 
-@dataclass(frozen=True)
-class ModelSettings:
+class ModelSettings(Section):
     """``model``: ``path`` empty → the job builds the small Llama-style model and its warm-up
     (supervised) start checkpoint once, cached under ``algo.cache_dir``; else a local Hugging Face
     checkpoint directory (model + tokenizer) to start from."""
@@ -38,49 +35,43 @@ class ModelSettings:
     path: str = ""
 
 
-@dataclass(frozen=True)
-class EngineSettings:
+class EngineSettings(Section):
     """``engine``: what generates. ``hf`` is the job's own sampler over the Hugging Face model;
     ``vllm`` is vLLM (``rlinfra.engines.vllm``: ``dtype``, ``kv_cache_mib``). With either, after
     every committed version the engines' log-probs of a fixed probe batch of ``probe_size``
     sequences must equal the trainer's within ``probe_tolerance`` (``logprob_mismatch``)."""
 
-    name: str = field(default="hf", metadata={"one_of": ("hf", "vllm")})
+    name: Literal["hf", "vllm"] = "hf"
     dtype: str = "float32"
     kv_cache_mib: int = 64
-    probe_size: int = field(default=8, metadata={"at_least": 1})
-    probe_tolerance: float = field(default=1e-3, metadata={"above": 0})
+    probe_size: int = Field(8, ge=1)
+    probe_tolerance: float = Field(1e-3, gt=0)
 
     def vllm_settings(self) -> dict[str, Any]:
         """What ``VLLMSettings`` takes from this section (the model and seed come from elsewhere)."""
         return {"dtype": self.dtype, "kv_cache_mib": self.kv_cache_mib}
 
 
-@dataclass(frozen=True)
 class RunSettings(driver.RunSettings):
     """``run``: rlinfra's settings, with this job's defaults and the transports that can fill an
     engine receiver's private host memory."""
 
     output_dir: str = "outputs/grpo_lm"
-    checkpoint_every: int = field(default=10, metadata={"at_least": 1})  # updates
-    transport: str = field(default="object_store", metadata={"one_of": ENGINE_TRANSPORTS, "why": STAGED})
+    checkpoint_every: int = Field(10, ge=1)  # updates
+    transport: Literal["object_store", "broadcast"] = Field(
+        "object_store", description="the engine stages a version in private host memory"
+    )
 
 
-@dataclass(frozen=True)
 class JobAlgo(GRPOConfig):
     """``algo``: the single-process GRPO's fields, and how far generation may run ahead of
     training: ``max_staleness: 1`` generates the next batch while the actor trains on this one
     (disaggregated); ``0`` is strictly on-policy (colocated: the two take turns on the devices)."""
 
-    max_staleness: int = field(default=1, metadata={"one_of": (0, 1)})
-
-    def grpo(self) -> GRPOConfig:
-        """The fields the workers' GRPO code reads."""
-        return GRPOConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOConfig)})
+    max_staleness: Literal[0, 1] = 1
 
 
-@dataclass(frozen=True)
-class JobConfig:
+class JobConfig(BaseModel):
     algo: JobAlgo
     model: ModelSettings
     engine: EngineSettings

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich.console import Console
@@ -75,7 +75,7 @@ class GRPOJob(Job):
             )
 
     def launch(self, run: Run) -> None:
-        algo, path = asdict(self.algo.grpo()), self.start_path
+        algo, path = self.algo, self.start_path
         self.reward = run.launch("reward", RewardWorker.create_group(self.algo.format_credit))
         version = run.start_trainer(lambda: Policy.create_group(actor=(algo, path), ref=(algo, path)))
         if self.job.engine.name == "vllm":
@@ -181,7 +181,7 @@ def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
     options (``resume``, ``cluster``, ``console``, ``on_iteration``)."""
     job, console = parse_job_config(cfg), options.setdefault("console", Console())
     with console.status("the start checkpoint (a warm-up runs once, then is cached under algo.cache_dir)"):
-        start_path = start_checkpoint(job.model.path, job.algo.cache_dir, job.algo.grpo(), console.print)
+        start_path = start_checkpoint(job.model.path, job.algo.cache_dir, job.algo, console.print)
     if job.engine.name == "vllm":  # a model vLLM cannot serve faithfully is refused before Ray starts
         VLLMSettings(model=start_path, **job.engine.vllm_settings()).check()
     return Run(GRPOJob(job, start_path), cfg, **options).execute()

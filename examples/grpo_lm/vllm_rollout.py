@@ -58,10 +58,10 @@ class VLLMSampler:
 class VLLMRolloutWorker(VLLMEngine):
     """One vLLM engine of the job: G completions per prompt, each stamped with its version."""
 
-    def __init__(self, algo: Mapping[str, Any], start_path: str, settings: Mapping[str, Any]) -> None:
+    def __init__(self, algo: GRPOConfig, start_path: str, settings: Mapping[str, Any]) -> None:
         from transformers import AutoTokenizer
 
-        self.config = GRPOConfig(**algo)
+        self.config = algo
         super().__init__(VLLMSettings(model=start_path, seed=self.config.seed, **settings))
         self.sampler = VLLMSampler(self, AutoTokenizer.from_pretrained(start_path, local_files_only=True))
 

@@ -41,15 +41,11 @@ def _device(worker: Worker) -> str:
     return "cuda" if worker.torch_device_type == "cuda" and torch.cuda.is_available() else "cpu"
 
 
-def _config(algo: Mapping[str, Any]) -> GRPOConfig:
-    return GRPOConfig(**algo)
-
-
 class RefRole(Worker):
     """The frozen reference model of the KL penalty: the start checkpoint, never updated."""
 
-    def __init__(self, algo: Mapping[str, Any], start_path: str) -> None:
-        torch.set_num_threads(_config(algo).num_threads)
+    def __init__(self, algo: GRPOConfig, start_path: str) -> None:
+        torch.set_num_threads(algo.num_threads)
         model, _ = load_pretrained(start_path)
         self.model = frozen_copy(model)
 
@@ -61,8 +57,8 @@ class ActorRole(Worker):
     """The trainer rank: policy, optimiser and weight version (``Learner``), built by ``setup``
     once the process group is up (DDP needs it)."""
 
-    def __init__(self, algo: Mapping[str, Any], start_path: str) -> None:
-        self.config = _config(algo)
+    def __init__(self, algo: GRPOConfig, start_path: str) -> None:
+        self.config = algo
         torch.set_num_threads(self.config.num_threads)
         torch.manual_seed(self.config.seed)
         self.policy, _ = load_pretrained(start_path)
@@ -170,8 +166,8 @@ class RolloutWorker(EngineReceiver, TimeShared):
 
     collect_cycles_on_sleep = False
 
-    def __init__(self, algo: Mapping[str, Any], start_path: str) -> None:
-        self.config = _config(algo)
+    def __init__(self, algo: GRPOConfig, start_path: str) -> None:
+        self.config = algo
         torch.set_num_threads(self.config.num_threads)
         model, tokenizer = load_pretrained(start_path)
         self.engine = GenerationEngine(model, tokenizer)

@@ -1,17 +1,17 @@
 """The job's own config sections, parsed once into typed records before Ray starts.
 
-``algo`` and ``run`` are OmegaConf structured configs (``PPOConfig``, ``RunSettings``, each
-field's range in its metadata) parsed by ``rlinfra.driver.parse_config`` (one ``JobConfigError``
-per mistake, named by key). ``cluster`` is rlinfra's: ``Cluster`` and ``ComponentPlacement``
-parse it. Every other top-level key but ``name`` is refused, with the nearest section named:
-nothing a user writes is ignored.
+``algo`` and ``run`` are declared sections (``PPOConfig``, ``RunSettings``) parsed by
+``rlinfra.driver.parse_config`` (one ``JobConfigError`` per mistake, named by key). ``cluster``
+is rlinfra's: ``Cluster`` and ``ComponentPlacement`` parse it. Every other top-level key but
+``name`` is refused, with the nearest section named: nothing a user writes is ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.ppo.envs import discrete_spaces
@@ -19,16 +19,14 @@ from rlinfra import driver
 from rlinfra.driver import JobConfigError, parse_config
 
 
-@dataclass(frozen=True)
 class RunSettings(driver.RunSettings):
     """The ``run`` section: rlinfra's settings and how long an env worker waits for actions."""
 
     output_dir: str = "outputs/ppo_cartpole"
-    request_timeout_s: float = field(default=60.0, metadata={"above": 0})  # for one batch of actions
+    request_timeout_s: float = Field(60.0, gt=0)  # for one batch of actions
 
 
-@dataclass(frozen=True)
-class JobConfig:
+class JobConfig(BaseModel):
     """Every section the job reads, typed."""
 
     algo: PPOConfig

@@ -27,8 +27,8 @@ class EnvWorker(Worker):
     """Steps ``num_envs`` CartPole envs. Each step is one batched ``act`` request per rollout worker
     it is connected to (its envs are split among them, requests in flight together)."""
 
-    def __init__(self, algo: dict[str, Any], num_envs: int, request_timeout_s: float) -> None:
-        self.config = PPOConfig(**algo)
+    def __init__(self, algo: PPOConfig, num_envs: int, request_timeout_s: float) -> None:
+        self.config = algo
         self.request_timeout_s = request_timeout_s
         # Different seeds per env worker, so their episodes differ; the same on every run. A
         # replaced worker (incarnation 1, 2 …) starts new episodes rather than replaying the old.

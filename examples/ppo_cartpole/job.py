@@ -16,7 +16,6 @@ checkpoints, ``--resume``, metrics and Ctrl-C are the driver's (``rlinfra.driver
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -56,7 +55,7 @@ class PPOJob(Job):
         self.connected: dict[int, list[int]] = {}  # env rank -> the rollout ranks it talks to
 
     def launch(self, run: Run) -> None:
-        algo, (obs_dim, actions) = dataclasses.asdict(self.algo), self.spaces
+        algo, (obs_dim, actions) = self.algo, self.spaces
         envs = run.share(self.algo.num_envs, "env", "algo.num_envs")  # envs per env worker
         self.env = run.launch("env", EnvWorker.create_group(algo, envs, self.settings.request_timeout_s))
         version = run.start_trainer(lambda: ActorWorker.create_group(algo, obs_dim, actions))

@@ -29,13 +29,13 @@ class RolloutWorker(WeightReceiver, Worker):
 
     weights_as_torch = True
 
-    def __init__(self, algo: dict[str, Any], obs_dim: int, num_actions: int) -> None:
+    def __init__(self, algo: PPOConfig, obs_dim: int, num_actions: int) -> None:
         import torch
 
         from examples.ppo_cartpole.ppo.policy import ActorCritic
 
         torch.set_num_threads(1)
-        config = PPOConfig(**algo)
+        config = algo
         self.policy = ActorCritic(obs_dim, num_actions, config.hidden_size)
         # Each rank samples its own stream, reproducibly, without touching torch's global RNG.
         self.generator = torch.Generator().manual_seed(config.seed * 7919 + self._rank)

@@ -26,9 +26,9 @@ class ActorWorker(WeightSender, Worker):
     """One data-parallel rank of the trainer. Every rank gets the whole batch and trains on its own
     strided shard; gradients are averaged, so the replicas stay identical and rank 0 publishes."""
 
-    def __init__(self, algo: dict[str, Any], obs_dim: int, num_actions: int) -> None:
+    def __init__(self, algo: PPOConfig, obs_dim: int, num_actions: int) -> None:
         torch.set_num_threads(1)
-        self.config = PPOConfig(**algo)
+        self.config = algo
         self.obs_dim, self.num_actions = obs_dim, num_actions
         self.learner: Learner | None = None
 

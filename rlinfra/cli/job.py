@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.options import ConfigArgument, argument, option, user_errors
+from rlinfra.config import ConfigError
+from rlinfra.config.loading import load_cluster_config
 from rlinfra.ops.jobs import (
     TERMINAL_STATUSES,
     JobInfo,
@@ -30,7 +31,6 @@ from rlinfra.ops.jobs import (
     parse_assignments,
     parse_requirements,
 )
-from rlinfra.placement import PlacementError
 from rlinfra.views.tables import make_console
 
 JOB_FAILED = 1
@@ -113,7 +113,7 @@ def submit(
     runtime_env carries the config's runtime_env.env_vars and --env, but never anything that
     looks like a credential: Ray shows runtime_env to anyone who can list jobs.
     """
-    with user_errors(ConfigError, PlacementError, JobsError) as errors:
+    with user_errors(ConfigError, JobsError) as errors:
         cfg = load_cluster_config(config, also=("runtime_env",))
         required = parse_requirements(require or ())
         runtime_env = build_runtime_env(

@@ -17,8 +17,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.options import argument, option, print_error, user_errors
+from rlinfra.config import ConfigError
+from rlinfra.config.loading import load_cluster_config
 from rlinfra.placement import (
     ClusterConfig,
     ClusterSpec,
@@ -105,7 +106,7 @@ def plan(
     what each process reserves and which components share devices. --json prints the plan for other
     tools instead.
     """
-    with user_errors(ConfigError, PlacementError) as errors:
+    with user_errors(ConfigError) as errors:
         cluster = parse_cluster_config(load_cluster_config(config, config_name).cluster)
         spec = ClusterSpec.from_config(cluster, accelerator_counts(cluster, nodes, errors))
         placement = ComponentPlacement({"cluster": cluster}, spec)

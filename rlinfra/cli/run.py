@@ -20,8 +20,9 @@ import typer
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlinfra.cli.config_loading import ConfigError, load_config
 from rlinfra.cli.options import argument, user_errors
+from rlinfra.config import ConfigError
+from rlinfra.config.loading import load_config
 
 
 def run(

@@ -13,8 +13,9 @@ from typing import Annotated
 
 import typer
 
-from rlinfra.cli.config_loading import ConfigError, load_cluster_config
 from rlinfra.cli.options import ConfigArgument, argument, option, user_errors
+from rlinfra.config import ConfigError
+from rlinfra.config.loading import load_cluster_config
 from rlinfra.ops.slurm import (
     DEFAULT_NODE_TIMEOUT_S,
     DEFAULT_PORT,
@@ -24,7 +25,6 @@ from rlinfra.ops.slurm import (
     render_sbatch,
     submit,
 )
-from rlinfra.placement import PlacementError
 
 slurm_app = typer.Typer(
     help="Run a config's driver on a Ray cluster bootstrapped inside one Slurm allocation.",
@@ -106,7 +106,7 @@ def _script_command(name: str, submitting: bool) -> None:
     ) -> None:
         if submitting and output is None:
             output = Path(f"{_job_name(config)}.sbatch")
-        with user_errors(ConfigError, PlacementError, SlurmError) as errors:
+        with user_errors(ConfigError, SlurmError) as errors:
             job = job_from_config(
                 load_cluster_config(config).cluster,
                 driver,

@@ -8,11 +8,11 @@ launch, supervision, weight versions, checkpoints and ``--resume``, metrics, Ctr
 report. It imports Ray: a job's driver needs it anyway.
 """
 
+from rlinfra.config import JobConfigError, Section, parse_config
 from rlinfra.driver.entry import job_main, plot_curve
 from rlinfra.driver.job import Batch, Job, RunResult
-from rlinfra.driver.job_config import JobConfigError, check_sections, parse_config, parse_section
 from rlinfra.driver.metrics import read_events, read_metrics
-from rlinfra.driver.module_entry import compose_config, run_module
+from rlinfra.driver.module_entry import run_module
 from rlinfra.driver.run import Run
 from rlinfra.driver.settings import RunSettings
 from rlinfra.driver.state import RunState
@@ -25,11 +25,9 @@ __all__ = [
     "RunResult",
     "RunSettings",
     "RunState",
-    "check_sections",
-    "compose_config",
+    "Section",
     "job_main",
     "parse_config",
-    "parse_section",
     "plot_curve",
     "read_events",
     "read_metrics",

@@ -15,11 +15,10 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from rlinfra.config import ConfigError
 from rlinfra.driver.batches import BatchLedgerError
 from rlinfra.driver.checkpoints import CheckpointError
-from rlinfra.driver.job_config import JobConfigError
 from rlinfra.driver.supervisor import UnsupervisedLoss
-from rlinfra.placement import PlacementError
 from rlinfra.runtime.errors import ClusterError, WorkerGroupError
 from rlinfra.runtime.supervision import SupervisionError
 from rlinfra.runtime.timeshared import TimeSharingError
@@ -30,8 +29,7 @@ from .job import RunResult
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 USAGE_ERRORS = (
-    JobConfigError,
-    PlacementError,
+    ConfigError,
     ClusterError,
     FileNotFoundError,
     CheckpointError,

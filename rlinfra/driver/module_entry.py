@@ -1,5 +1,6 @@
 """A job package's own entry point, ``python -m <package> [--config-name NAME] [--resume] [OVERRIDE ...]``:
-Hydra composes the config from the package's folder (so Hydra's full override grammar works) and
+Hydra composes the config from the package's folder (``rlinfra.config.loading``: Hydra's full
+override grammar, the placement-safe YAML reading) and
 the job's ``main(cfg, resume=...)`` runs it, as ``rlinfra run`` would. Both bundled main jobs'
 ``__main__`` modules are this, with their folder and their job."""
 
@@ -9,17 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from rlinfra.config import ConfigError
+from rlinfra.config.loading import load_config
 
 from .entry import USAGE_ERROR  # a config that cannot be composed is the user's to fix
-
-
-def compose_config(config_dir: Path, name: str, overrides: Sequence[str]) -> Any:
-    """The config ``name`` from ``config_dir`` with Hydra overrides applied."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        return compose(config_name=name, overrides=list(overrides))
 
 
 def run_module(
@@ -31,7 +26,7 @@ def run_module(
     example_override: str = "algo.seed=1",
 ) -> int:
     """Parse the command line, compose the config, run ``job_main()(cfg, resume=...)`` and return
-    its exit status; a config Hydra or OmegaConf refuses is printed as one line and returns
+    its exit status; a config that cannot be composed is printed as one line and returns
     ``USAGE_ERROR``. ``job_main`` returns the job's main function (imported only once the command
     line is parsed, so ``--help`` is instant)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -40,12 +35,9 @@ def run_module(
     parser.add_argument("overrides", nargs="*", help=f"Hydra overrides, e.g. {example_override}")
     args = parser.parse_args(None if argv is None else list(argv))
 
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
-        cfg = compose_config(config_dir, args.config_name, args.overrides)
-    except (HydraException, OmegaConfBaseException) as error:
+        cfg = load_config(config_dir, args.config_name, args.overrides)
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR
     return job_main()(cfg, resume=args.resume)

@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlinfra.config import JobConfigError
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.driver.failure_report import FailureReport
 from rlinfra.driver.metrics import MetricsLog, read_metrics
@@ -51,7 +52,6 @@ from rlinfra.views.plan_view import render_plan
 
 from .entry import plot_curve
 from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult
-from .job_config import JobConfigError
 from .supervised import Pending, SupervisedSteps
 
 PLACEMENT_FILE = "placement.json"

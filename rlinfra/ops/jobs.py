@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlinfra.placement.config_access import to_plain
+from rlinfra.config import to_plain
 from rlinfra.placement.env_vars import URL_WITH_PASSWORD, credential_reason
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.ledger import resource_diff

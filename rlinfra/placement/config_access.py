@@ -7,38 +7,16 @@ a ``PlacementError`` that names the config path instead of an ``AttributeError``
 
 from __future__ import annotations
 
-import difflib
 import math
 import posixpath
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlinfra.placement.errors import PlacementError, Span
+from rlinfra.config import Span, to_plain
+from rlinfra.config.schema import reject_unknown
+from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.grammar import ALL, comma_parts, parse_rank_range
-
-
-def to_plain(value: Any) -> Any:
-    """Resolve OmegaConf containers into dicts and lists; leave everything else as it is.
-
-    A broken interpolation (``${missing}``, an unset ``${oc.env:X}``) is bad input like any other,
-    so it becomes a ``PlacementError`` naming the key rather than OmegaConf's own exception.
-    OmegaConf is not imported here: a container of it exists only where it was (a worker process,
-    which parses nothing, never loads it).
-    """
-    omegaconf = sys.modules.get("omegaconf")
-    if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
-        try:
-            return omegaconf.OmegaConf.to_container(value, resolve=True)
-        except omegaconf.errors.OmegaConfBaseException as error:
-            problem = str(error.msg).splitlines()[0] if error.msg else type(error).__name__
-            raise PlacementError(
-                f"cannot resolve the config: {problem}",
-                where=error.full_key or "config",
-                expected="interpolations (${...}) that resolve",
-            ) from None
-    return value
 
 
 def as_mapping(section: Any, where: str = "cluster", expected: str = "a YAML mapping") -> dict[str, Any]:
@@ -138,13 +116,6 @@ def name_list(value: Any, where: str, what: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def did_you_mean(key: str, allowed: Sequence[str]) -> str:
-    """``"did you mean 'node_groups'?"`` for the valid name nearest to ``key``, else ``""``: the
-    one typo hint of every config error, rlinfra's sections and a job's alike."""
-    nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    return f"did you mean {nearest[0]!r}?" if nearest else ""
-
-
 def as_section(
     raw: Any, allowed: Sequence[str], where: str, expected: str = "a YAML mapping"
 ) -> dict[str, Any]:
@@ -154,25 +125,9 @@ def as_section(
     return section
 
 
-def reject_unknown_keys(
-    section: Mapping[str, Any],
-    allowed: Sequence[str],
-    where: str | None,
-    kind: str = "field",
-    error: type[PlacementError] = PlacementError,
-) -> None:
-    """Typos in key names would otherwise be silently ignored; name the first, and the nearest
-    valid one (``node_grups`` → ``node_groups``): the one check of rlinfra's sections and a job's
-    (``kind`` "section" or "key", ``error`` its ``JobConfigError``) alike."""
-    unknown = [key for key in section if key not in allowed]
-    if unknown:
-        key = str(unknown[0])
-        hint = did_you_mean(key, allowed)
-        raise error(
-            f"unknown {kind} {key!r}" + (f"; {hint}" if hint else ""),
-            where=where,
-            expected="one of " + ", ".join(repr(a) for a in allowed),
-        )
+def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str | None) -> None:
+    """An unknown key of rlinfra's own sections, named with the nearest valid one."""
+    reject_unknown(section, tuple(allowed), where, "field", PlacementError)
 
 
 def parse_rank_list(

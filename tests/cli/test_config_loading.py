@@ -17,8 +17,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
-from rlinfra.cli.config_loading import ConfigError, load_cluster_config, load_config
 from rlinfra.cli.main import app
+from rlinfra.config.loading import ConfigError, load_cluster_config, load_config
 
 pytestmark = pytest.mark.timeout(60)
 

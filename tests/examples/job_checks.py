@@ -13,8 +13,8 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 from typer.testing import CliRunner
 
-from rlinfra.cli.config_loading import load_config
 from rlinfra.cli.main import app
+from rlinfra.config.loading import load_config
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.driver.metrics import TENSORBOARD_DIR
 

@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from examples.grpo_lm.config import parse_job_config
-from rlinfra.driver.job_config import JobConfigError
+from rlinfra.config import JobConfigError
 from tests.examples.job_checks import job_config
 
 

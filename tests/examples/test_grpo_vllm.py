@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from examples.grpo_lm.job import run
-from rlinfra.driver.job_config import JobConfigError
+from rlinfra.config import JobConfigError
 from rlinfra.driver.metrics import read_metrics
 from rlinfra.services.weights.probe import LogprobMismatchError
 from tests.examples.job_checks import (

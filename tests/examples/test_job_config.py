@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
+from typing import get_args
 
 import pytest
 import ray
+from pydantic import Field
 
 from examples.ppo_cartpole.config import JobConfigError, parse_job_config
 from examples.ppo_cartpole.job import main
+from rlinfra.config import Section, parse
+from rlinfra.driver import RunSettings
 from rlinfra.driver.entry import USAGE_ERROR
-from rlinfra.driver.job_config import parse_section
+from rlinfra.services.weights.barrier import TRANSPORTS
 from tests.examples.job_checks import job_config
 
 
@@ -69,24 +72,29 @@ def test_main_refuses_a_bad_config_with_status_2_before_ray_starts(capsys) -> No
     assert not ray.is_initialized()
 
 
-@dataclasses.dataclass(frozen=True)
-class Optimiser:
-    lr: float = dataclasses.field(default=0.1, metadata={"above": 0})
+class Optimiser(Section):
+    lr: float = Field(0.1, gt=0)
     nesterov: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class NestedAlgo:
-    optimiser: Optimiser = dataclasses.field(default_factory=Optimiser)
+class NestedAlgo(Section):
+    optimiser: Optimiser = Optimiser()
 
 
 def test_a_nested_sections_keys_types_and_ranges_are_checked() -> None:
+    def parse_algo(algo: dict) -> NestedAlgo:
+        return parse(NestedAlgo, algo, "algo", JobConfigError)
+
     with pytest.raises(JobConfigError, match=r"algo\.optimiser: unknown key 'lrr'; did you mean 'lr'\?"):
-        parse_section(NestedAlgo, {"algo": {"optimiser": {"lrr": 1.0}}}, "algo")
+        parse_algo({"optimiser": {"lrr": 1.0}})
     with pytest.raises(JobConfigError, match=r"algo\.optimiser\.lr: expected float, got 'fast'"):
-        parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": "fast"}}}, "algo")
+        parse_algo({"optimiser": {"lr": "fast"}})
     with pytest.raises(JobConfigError, match=r"algo\.optimiser\.nesterov: expected true or false, got 2"):
-        parse_section(NestedAlgo, {"algo": {"optimiser": {"nesterov": 2}}}, "algo")
+        parse_algo({"optimiser": {"nesterov": 2}})
     with pytest.raises(JobConfigError, match=r"algo\.optimiser\.lr: got 0\.0; expected above 0"):
-        parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": 0.0}}}, "algo")
-    assert parse_section(NestedAlgo, {"algo": {"optimiser": {"lr": 1.0}}}, "algo").optimiser.lr == 1.0
+        parse_algo({"optimiser": {"lr": 0.0}})
+    assert parse_algo({"optimiser": {"lr": 1.0}}).optimiser.lr == 1.0
+
+
+def test_the_run_sections_transports_are_the_weight_barriers() -> None:
+    assert get_args(RunSettings.model_fields["transport"].annotation) == TRANSPORTS

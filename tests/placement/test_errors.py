@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import rlinfra
+from rlinfra.config import ConfigError
 from rlinfra.placement import ClusterSpec, ComponentPlacement, NodeSpec, PlacementError, parse_cluster_config
 from rlinfra.placement.errors import Span, short_ranks
 from rlinfra.placement.mapping import MAX_PROCESSES
@@ -273,7 +274,7 @@ class TestConfigErrors:
         ],
     )
     def test_sections(self, cfg: Any, where: str) -> None:
-        with pytest.raises(PlacementError) as info:
+        with pytest.raises(ConfigError) as info:  # the config itself, before any placement is read
             ComponentPlacement(cfg, ClusterSpec.from_config({"num_nodes": 1}))
         assert info.value.where == where
 
@@ -344,7 +345,7 @@ class TestOddText:
     )
     def test_broken_interpolation(self, value: str, where: str, problem: str) -> None:
         cfg = OmegaConf.create({"cluster": {"num_nodes": 1, "component_placement": {"actor": value}}})
-        with pytest.raises(PlacementError) as info:
+        with pytest.raises(ConfigError) as info:  # the config itself, before any placement is read
             ComponentPlacement(cfg, ClusterSpec.from_config({"num_nodes": 1}))
         assert info.value.where == where
         assert problem in info.value.problem
@@ -352,7 +353,7 @@ class TestOddText:
 
     def test_broken_interpolation_in_the_cluster_section(self) -> None:
         cfg = OmegaConf.create({"cluster": {"num_nodes": "${nodes}"}})
-        with pytest.raises(PlacementError) as info:
+        with pytest.raises(ConfigError) as info:
             ClusterSpec.from_config(cfg.cluster)
         assert info.value.where == "cluster.num_nodes"
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pydantic import Field
+
+from rlinfra.config import Section
 
 from .model import ModelConfig
 
 
-@dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(Section):
     """GRPO (Shao et al. 2024) on two-digit addition, tuned for a fast, reliable gain over the warm start.
 
     What the tuning found (2 shared CPU cores, one thread): the gain is limited by gradient noise, not
@@ -24,7 +25,7 @@ class GRPOConfig:
     with the k3 penalty to the frozen reference.
 
     Flat (no nested configs) so every field is one command-line flag and one Hydra override. The
-    ranges a type cannot say are field metadata, which the distributed job's config checks.
+    ranges are declared as pydantic fields, which the distributed job's config checks.
     """
 
     seed: int = 0
@@ -46,9 +47,9 @@ class GRPOConfig:
     warmup_eval_every: int = 25
     warmup_eval_size: int = 500
     # GRPO.
-    prompts_per_step: int = field(default=32, metadata={"at_least": 1})
+    prompts_per_step: int = Field(32, ge=1)
     # G samples per prompt.
-    group_size: int = field(default=8, metadata={"at_least": 2, "why": "the group mean is the baseline"})
+    group_size: int = Field(8, ge=2, description="the group mean is the baseline")
     learning_rate: float = 6e-4
     lr_warmup_updates: int = 20  # linear ramp from 0: a fresh Adam state takes ~lr-sized steps at first
     lr_end_factor: float = 0.0  # after the ramp, lr decays linearly to lr_end_factor * lr at `updates`
@@ -62,8 +63,8 @@ class GRPOConfig:
     temperature: float = 1.0
     format_credit: float = 0.0
     # An upper bound; with stop_at_target the run ends once the gain is reached.
-    updates: int = field(default=400, metadata={"at_least": 1})
-    eval_every: int = field(default=50, metadata={"at_least": 1})
+    updates: int = Field(400, ge=1)
+    eval_every: int = Field(50, ge=1)
     eval_size: int = 500  # prompts of the held-out test split
     target_gain: float = 0.25  # absolute held-out exact-match gain over the warm start
     stop_at_target: bool = False
@@ -73,7 +74,7 @@ class GRPOConfig:
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
 
-    def model_config(self) -> ModelConfig:
+    def shape(self) -> ModelConfig:
         return ModelConfig(
             hidden_size=self.hidden_size,
             num_layers=self.num_layers,

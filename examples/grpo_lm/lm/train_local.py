@@ -6,7 +6,6 @@ Run from the repository root:  python -m examples.grpo_lm.lm.train_local [--seed
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,11 +94,9 @@ def _format(update: int, elapsed: float, acc: float, reward: float, m: dict[str,
 def parse_config(argv: list[str] | None = None) -> GRPOConfig:
     """Every GRPOConfig field becomes a --flag, so tuning runs need no code edits."""
     parser = argparse.ArgumentParser(description=__doc__)
-    defaults = GRPOConfig()
-    for f in dataclasses.fields(GRPOConfig):
-        default = getattr(defaults, f.name)
+    for name, default in GRPOConfig().model_dump().items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
     return GRPOConfig(**vars(parser.parse_args(argv)))
 
 

@@ -114,14 +114,14 @@ def warmup(
 
 def warm_start_settings(config: GRPOConfig) -> dict[str, object]:
     """Everything the warm-start checkpoint depends on, and nothing else (GRPO settings excluded)."""
-    fields = asdict(config)
+    fields = config.model_dump()
     keep = {k: v for k, v in fields.items() if k.startswith("warmup_")}
     return {
         "format": WARMUP_FORMAT,
         "split_seed": SPLIT_SEED,
         "seed": config.seed,
         "max_new_tokens": config.max_new_tokens,
-        "model": asdict(config.model_config()),
+        "model": asdict(config.shape()),
         **keep,
     }
 
@@ -143,7 +143,7 @@ def warm_start(cache_dir: str | Path, config: GRPOConfig, log: Callable[[str], N
         return target
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    model = build_model(config.model_config(), tokenizer, config.seed)
+    model = build_model(config.shape(), tokenizer, config.seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         result = warmup(model, tokenizer, config, log)

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from rlinfra.config import Section
 
 
-@dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(Section):
     """Hyperparameters of PPO on CartPole (Schulman et al. 2017), tuned for a fast, reliable solve.
 
     The defaults favour few, large iterations (2048 transitions, 80 minibatch steps each): CartPole-v1
     reaches a 20-episode mean return of 475 in ~15-25 iterations (~30-50k env steps), and the
     distributed job pays its weight-sync and transfer overhead per iteration, not per step. The
-    ranges a type cannot say are field metadata, which the distributed job's config checks.
+    ranges are declared as pydantic fields, which the distributed job's config checks.
     """
 
     env_id: str = "CartPole-v1"
-    num_envs: int = field(default=16, metadata={"at_least": 1})
+    num_envs: int = Field(16, ge=1)
     # Per env per rollout; batch = num_envs * num_steps transitions.
-    num_steps: int = field(default=128, metadata={"at_least": 1})
+    num_steps: int = Field(128, ge=1)
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip_coef: float = 0.2
@@ -35,14 +38,14 @@ class PPOConfig:
     hidden_size: int = 64
     seed: int = 1
     # An upper bound; training stops as soon as the target is reached.
-    iterations: int = field(default=300, metadata={"at_least": 1})
+    iterations: int = Field(300, ge=1)
     target_return: float = 475.0
     return_window: int = 20  # episodes in the moving mean compared against target_return
     # Distributed job only. 0: collect, train, sync, repeat. 1: the next rollout runs on the current
     # weights while the learner trains and the new weights are staged (one-step off-policy).
-    max_staleness: int = field(default=1, metadata={"at_least": 0})
+    max_staleness: int = Field(1, ge=0)
     # "ddp": torch DistributedDataParallel; "allreduce": one flat all-reduce per step, by hand.
-    data_parallel: str = field(default="ddp", metadata={"one_of": ("ddp", "allreduce")})
+    data_parallel: Literal["ddp", "allreduce"] = "ddp"
 
     @property
     def batch_size(self) -> int:

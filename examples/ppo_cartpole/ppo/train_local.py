@@ -6,7 +6,6 @@ Run from the repository root:  python -m examples.ppo_cartpole.ppo.train_local [
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -68,11 +67,9 @@ def _format(it: int, steps: int, elapsed: float, ret: float, episodes: int, m: d
 def _parse_config(argv: list[str] | None = None) -> PPOConfig:
     """Every PPOConfig field becomes a --flag, so tuning runs need no code edits."""
     parser = argparse.ArgumentParser(description=__doc__)
-    defaults = PPOConfig()
-    for f in dataclasses.fields(PPOConfig):
-        default = getattr(defaults, f.name)
+    for name, default in PPOConfig().model_dump().items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
     return PPOConfig(**vars(parser.parse_args(argv)))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -38,12 +38,8 @@ from omegaconf.errors import (
     UnsupportedInterpolationType,
 )
 
-from rlinfra.placement.config_access import to_plain
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used at all (as opposed to a bad placement inside it)."""
-
+from rlinfra.config.errors import ConfigError
+from rlinfra.config.schema import to_plain
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _YAML12_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
@@ -87,16 +83,18 @@ def load_cluster_config(
     return OmegaConf.create(sections)
 
 
-def load_config(path: Path, config_name: str | None = None) -> DictConfig:
-    """The whole config, every interpolation resolved, or a ``ConfigError`` saying why not."""
-    cfg, where = _read(path, config_name)
+def load_config(path: Path, config_name: str | None = None, overrides: Sequence[str] = ()) -> DictConfig:
+    """The whole config, every interpolation resolved, or a ``ConfigError`` saying why not.
+    ``overrides`` are Hydra's (``key=value``, ``+key=value`` adds one): the config is then
+    composed by Hydra even when it is a single file."""
+    cfg, where = _read(path, config_name, overrides)
     _resolve_all(where, cfg, OmegaConf.to_container(cfg, resolve=False), "")
     OmegaConf.resolve(cfg)
     _require_cluster(where, cfg)
     return cfg
 
 
-def _read(path: Path, config_name: str | None) -> tuple[DictConfig, str]:
+def _read(path: Path, config_name: str | None, overrides: Sequence[str] = ()) -> tuple[DictConfig, str]:
     """The config as written (a file) or composed (a Hydra config, always with ``config_name``),
     and how to name it."""
     if config_name is not None:
@@ -107,14 +105,14 @@ def _read(path: Path, config_name: str | None) -> tuple[DictConfig, str]:
             )
         path = path / f"{config_name.removesuffix('.yaml')}.yaml"
     cfg = _load_file(path)
-    if config_name is None and "defaults" not in cfg and "hydra" not in cfg:
+    if config_name is None and not overrides and "defaults" not in cfg and "hydra" not in cfg:
         return cfg, str(path)
     if path.suffix != ".yaml":
         raise ConfigError(
             f"{path}: a Hydra config (it has a 'defaults' list or a 'hydra' section), but Hydra "
             f"reads only '.yaml' files; rename it to {path.stem}.yaml."
         )
-    return _compose(path, cfg), f"{path} (composed by Hydra)"
+    return _compose(path, cfg, overrides), f"{path} (composed by Hydra)"
 
 
 def _load_file(path: Path) -> DictConfig:
@@ -178,7 +176,7 @@ def _position(mark: yaml.Mark) -> str:
 # --- Hydra composition ---------------------------------------------------------------------------
 
 
-def _compose(primary: Path, written: DictConfig) -> DictConfig:
+def _compose(primary: Path, written: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """The Hydra config ``primary`` (a ``.yaml`` file), composed from its directory as
     ``@hydra.main`` would.
 
@@ -191,12 +189,12 @@ def _compose(primary: Path, written: DictConfig) -> DictConfig:
     from hydra import compose, initialize_config_dir  # imported only for Hydra configs: ~0.1 s
     from hydra.errors import HydraException, MissingConfigException
 
-    overrides, skipped = _searchpath_overrides(written)
+    searchpath, skipped = _searchpath_overrides(written)
     try:
         with _placement_safe_yaml(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with initialize_config_dir(str(primary.parent.resolve()), version_base=_HYDRA_VERSION_BASE):
-                cfg = compose(config_name=primary.stem, overrides=overrides)
+                cfg = compose(config_name=primary.stem, overrides=[*searchpath, *overrides])
     except yaml.MarkedYAMLError as error:  # in a sub-config: named by the mark, shown like the primary
         raise ConfigError(_describe_sub_config_yaml_error(primary, error)) from None
     except (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError) as error:

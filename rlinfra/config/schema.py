@@ -1,0 +1,171 @@
+"""Declared config schemas (pydantic v2 models), their mistakes said the rlinfra way.
+
+A section is a ``Section``: frozen, every key declared, ranges and choices as pydantic declares
+them (``Field(ge=1)``, ``Literal["hf", "vllm"]``), a field's ``description`` said after what was
+expected. ``parse`` validates a mapping against one and turns pydantic's first error into one
+``ConfigError`` with the full key path:
+
+    algo.updates: got 0; expected at least 1
+    run: unknown key 'transprt'; did you mean 'transport'?
+      expected: one of 'entrypoint', 'output_dir', ...
+
+A validator may raise a ``ConfigError`` itself (with a caret under the text it refuses); its
+``where`` is then read below the key the validator checked.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+
+from rlinfra.config.errors import ConfigError, JobConfigError, did_you_mean
+
+M = TypeVar("M", bound=BaseModel)
+_TYPE_NAMES = {bool: "true or false", int: "int", float: "float", str: "str"}
+_BOUNDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+
+
+class Section(BaseModel):
+    """A config section: frozen, every key declared, numbers finite. A switch is ``true`` or
+    ``false`` and never a number (pydantic alone reads ``1`` as true and ``true`` as 1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _switches_are_not_numbers(cls, data: Any) -> Any:
+        for name, value in data.items() if isinstance(data, Mapping) else ():
+            wanted: Any = cls.model_fields[name].annotation if name in cls.model_fields else None
+            if wanted in (bool, int, float) and isinstance(value, bool) != (wanted is bool):
+                raise ConfigError(f"expected {_TYPE_NAMES[wanted]}, got {value!r}", where=str(name))
+        return data
+
+
+def to_plain(value: Any) -> Any:
+    """Resolve OmegaConf containers into dicts and lists; leave everything else as it is.
+
+    A broken interpolation (``${missing}``, an unset ``${oc.env:X}``) is bad input like any other,
+    so it becomes a ``ConfigError`` naming the key rather than OmegaConf's own exception.
+    OmegaConf is not imported here: a container of it exists only where it was (a worker process,
+    which parses nothing, never loads it).
+    """
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
+        try:
+            return omegaconf.OmegaConf.to_container(value, resolve=True)
+        except omegaconf.errors.OmegaConfBaseException as error:
+            problem = str(error.msg).splitlines()[0] if error.msg else type(error).__name__
+            raise ConfigError(
+                f"cannot resolve the config: {problem}",
+                where=error.full_key or "config",
+                expected="interpolations (${...}) that resolve",
+            ) from None
+    return value
+
+
+def parse(schema: type[M], raw: Any, where: str | None, error: type[ConfigError] = ConfigError) -> M:
+    """``raw`` (a mapping or ``DictConfig``; None: every default) as ``schema``, or one ``error``
+    naming the first mistake by its key path under ``where``."""
+    plain = to_plain(raw)
+    try:
+        return schema.model_validate({} if plain is None else plain)
+    except ValidationError as failure:
+        raise _explained(failure.errors()[0], schema, where, error) from None
+
+
+def parse_config(schema: type[M], cfg: Mapping[str, Any]) -> M:
+    """A job's config as ``schema``: a model with one field per section of the job's own, each a
+    ``Section`` (an absent or empty one: every default). ``cluster`` is placement's and ``name``
+    the run's; any other top-level key is refused by name. Errors are ``JobConfigError``s."""
+    reject_unknown(cfg, ("cluster", "name", *schema.model_fields), None, "section", JobConfigError)
+    sections = {name: {} if cfg.get(name) is None else cfg[name] for name in schema.model_fields}
+    return parse(schema, sections, None, JobConfigError)
+
+
+def reject_unknown(
+    section: Mapping[str, Any],
+    allowed: tuple[str, ...] | list[str],
+    where: str | None,
+    kind: str = "key",
+    error: type[ConfigError] = ConfigError,
+) -> None:
+    """A typo in a key would otherwise be silently ignored: name the first unknown key, and the
+    nearest valid one (``node_grups`` → ``node_groups``)."""
+    unknown = [str(key) for key in section if key not in allowed]
+    if unknown:
+        hint = did_you_mean(unknown[0], allowed)
+        raise error(
+            f"unknown {kind} {unknown[0]!r}" + (f"; {hint}" if hint else ""),
+            where=where,
+            expected="one of " + ", ".join(repr(name) for name in allowed),
+        )
+
+
+def _explained(
+    detail: Any, schema: type[BaseModel], where: str | None, error: type[ConfigError]
+) -> ConfigError:
+    """Pydantic's error ``detail`` as the ``ConfigError`` a user reads."""
+    loc = tuple(part for part in detail["loc"] if not _is_type_tag(part))
+    path = _path(where, loc)
+    raised = (detail.get("ctx") or {}).get("error")
+    if isinstance(raised, ConfigError):  # from a validator, its ``where`` relative to the key checked
+        kind = error if type(raised) is ConfigError else type(raised)
+        where = _path(path, (raised.where,)) if raised.where else path
+        return kind(raised.problem, where=where, text=raised.text, span=raised.span, expected=raised.expected)
+    kind, given = detail["type"], detail.get("input")
+    if kind == "extra_forbidden":
+        allowed = tuple(_model_at(schema, loc[:-1]).model_fields)
+        hint = did_you_mean(str(loc[-1]), allowed)
+        return error(
+            f"unknown key {loc[-1]!r}" + (f"; {hint}" if hint else ""),
+            where=_path(where, loc[:-1]),
+            expected="one of " + ", ".join(repr(name) for name in allowed),
+        )
+    if kind == "missing":
+        return error(f"missing {loc[-1]!r}", where=_path(where, loc[:-1]))
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return error(f"expected a mapping, got {given!r}", where=path)
+    field = _field_at(schema, loc)
+    why = f" ({field.description})" if field is not None and field.description else ""
+    bound = next((key for key in _BOUNDS if key in (detail.get("ctx") or {})), None)
+    if bound is not None:
+        return error(f"got {given!r}; expected {_BOUNDS[bound]} {detail['ctx'][bound]}{why}", where=path)
+    if kind == "literal_error" and field is not None:
+        return error(f"got {given!r}; expected one of {get_args(field.annotation)!r}{why}", where=path)
+    wanted = next((name for prefix, name in _KINDS.items() if kind.startswith(prefix)), None)
+    expected = wanted or str(detail["msg"]).removeprefix("Input should be ").removeprefix("Value error, ")
+    return error(f"expected {expected}, got {given!r}{why}", where=path)
+
+
+_KINDS = {"int_": "int", "float_": "float", "bool_": "true or false", "string_": "str"}
+
+
+def _path(where: str | None, loc: tuple[Any, ...]) -> str | None:
+    path = where or ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or None
+
+
+def _is_type_tag(part: Any) -> bool:
+    """Pydantic names the branch of a union it tried (``'function-after[...]'``, ``'int'``)."""
+    return isinstance(part, str) and ("[" in part or part in _TYPE_NAMES.values())
+
+
+def _model_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    for part in loc:
+        field = schema.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            schema = annotation
+    return schema
+
+
+def _field_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> FieldInfo | None:
+    if not loc:
+        return None
+    return _model_at(schema, loc[:-1]).model_fields.get(str(loc[-1]))
