@@ -39,10 +39,16 @@ class Section(BaseModel):
     @classmethod
     def _switches_are_not_numbers(cls, data: Any) -> Any:
         for name, value in data.items() if isinstance(data, Mapping) else ():
-            wanted: Any = cls.model_fields[name].annotation if name in cls.model_fields else None
+            wanted = _scalar(cls.model_fields[name].annotation) if name in cls.model_fields else None
             if wanted in (bool, int, float) and isinstance(value, bool) != (wanted is bool):
                 raise ConfigError(f"expected {_TYPE_NAMES[wanted]}, got {value!r}", where=str(name))
         return data
+
+
+def _scalar(annotation: Any) -> Any:
+    """``int`` for ``int | None``; any other annotation as it is."""
+    args = get_args(annotation)
+    return args[0] if len(args) == 2 and args[1] is type(None) else annotation
 
 
 def to_plain(value: Any) -> Any:
@@ -73,8 +79,9 @@ def parse(schema: type[M], raw: Any, where: str | None, error: type[ConfigError]
     plain = to_plain(raw)
     try:
         return schema.model_validate({} if plain is None else plain)
-    except ValidationError as failure:
-        raise _explained(failure.errors()[0], schema, where, error) from None
+    except ValidationError as failure:  # an unknown key first: a typo is why another one is missing
+        errors = sorted(failure.errors(), key=lambda detail: detail["type"] != "extra_forbidden")
+        raise _explained(errors[0], schema, where, error) from None
 
 
 def parse_config(schema: type[M], cfg: Mapping[str, Any]) -> M:
@@ -118,30 +125,33 @@ def _explained(
         return kind(raised.problem, where=where, text=raised.text, span=raised.span, expected=raised.expected)
     kind, given = detail["type"], detail.get("input")
     if kind == "extra_forbidden":
-        allowed = tuple(_model_at(schema, loc[:-1]).model_fields)
+        allowed = tuple(spec.alias or name for name, spec in _model_at(schema, loc[:-1]).model_fields.items())
         hint = did_you_mean(str(loc[-1]), allowed)
         return error(
             f"unknown key {loc[-1]!r}" + (f"; {hint}" if hint else ""),
             where=_path(where, loc[:-1]),
             expected="one of " + ", ".join(repr(name) for name in allowed),
         )
+    field = _field_at(schema, loc)
     if kind == "missing":
-        return error(f"missing {loc[-1]!r}", where=_path(where, loc[:-1]))
+        wanted = f"{loc[-1]}: {field.description}" if field is not None and field.description else None
+        return error(f"missing {loc[-1]!r}", where=_path(where, loc[:-1]), expected=wanted)
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return error(f"expected a mapping, got {given!r}", where=path)
-    field = _field_at(schema, loc)
     why = f" ({field.description})" if field is not None and field.description else ""
     bound = next((key for key in _BOUNDS if key in (detail.get("ctx") or {})), None)
     if bound is not None:
-        return error(f"got {given!r}; expected {_BOUNDS[bound]} {detail['ctx'][bound]}{why}", where=path)
+        return error(f"got {given!r}; expected {_BOUNDS[bound]} {detail['ctx'][bound]:g}{why}", where=path)
     if kind == "literal_error" and field is not None:
         return error(f"got {given!r}; expected one of {get_args(field.annotation)!r}{why}", where=path)
     wanted = next((name for prefix, name in _KINDS.items() if kind.startswith(prefix)), None)
-    expected = wanted or str(detail["msg"]).removeprefix("Input should be ").removeprefix("Value error, ")
-    return error(f"expected {expected}, got {given!r}{why}", where=path)
+    if wanted is not None:
+        return error(f"expected {wanted}, got {given!r}{why}", where=path)
+    message = str(detail["msg"]).removeprefix("Value error, ")
+    return error(f"got {given!r}; {message[:1].lower()}{message[1:]}{why}", where=path)
 
 
-_KINDS = {"int_": "int", "float_": "float", "bool_": "true or false", "string_": "str"}
+_KINDS = {"int_": "int", "float_": "float", "bool_": "true or false", "string_type": "str"}
 
 
 def _path(where: str | None, loc: tuple[Any, ...]) -> str | None:

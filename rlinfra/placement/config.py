@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from pydantic import ConfigDict, Field
+
+from rlinfra.config import Section, parse
 from rlinfra.placement.config_access import (
     as_mapping,
     name_list,
-    reject_unknown_keys,
     require_int,
-    require_key,
-    require_list,
-    require_number,
-    require_str,
 )
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
 from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
@@ -52,7 +50,6 @@ MAX_ACCELERATORS_PER_NODE = 1024
 DEFAULT_NODE_TIMEOUT_S = 60.0
 DEFAULT_SIMULATED_CPUS = 16  # logical CPUs of a simulated node when simulate_cpus is not given
 
-COMPONENT_FIELDS = ("node_group", "placement", "env_vars", "constraints", "num_cpus", "restart", "model")
 # RLinf's dynamic scheduler (GPUs moved between rollout and training at run time), which rlinfra
 # does not provide: with ``auto_scheduler: false`` and none of its settings, nothing is lost.
 AUTO_SCHEDULER_FIELDS = (
@@ -115,12 +112,30 @@ class ClusterConfig:
     profiling: ProfilingConfig | None = None
 
 
-# The section's keys: ClusterConfig's fields as the YAML spells them (``components`` is read from
-# ``component_placement``), and RLinf's ``auto_scheduler``, accepted only as false.
-CLUSTER_FIELDS = (
-    *("component_placement" if field.name == "components" else field.name for field in fields(ClusterConfig)),
-    "auto_scheduler",
-)
+class _Written(Section):
+    """The ``cluster`` keys as written, typed strictly (``num_nodes: "2"`` is a typo to show, not a
+    number to guess); what other modules parse is passed on as it is."""
+
+    model_config = ConfigDict(strict=True)
+
+    num_nodes: int = Field(ge=1, le=MAX_NODES)
+    num_gpus_per_node: int | None = Field(default=None, ge=0)
+    component_placement: Any = None
+    node_groups: Any = None
+    address: str | None = Field(default=None, min_length=1)
+    simulate: Any = None
+    simulate_cpus: int | None = Field(default=None, ge=1)
+    simulate_object_store_mib: int | None = Field(default=None, ge=64)
+    simulate_resources: list[dict[str, float]] | None = None
+    simulate_labels: list[dict[str, str]] | None = None
+    node_timeout: float = Field(default=DEFAULT_NODE_TIMEOUT_S, gt=0)
+    secrets: Any = None
+    env_allowlist: list[str] | None = None
+    profiling: Any = None
+    auto_scheduler: Literal[False] = False
+
+
+_SIMULATE_ONLY = ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
 
 
 def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
@@ -130,35 +145,58 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
         return section
     raw = as_mapping(section, where)
     _refuse_auto_scheduler(raw, where)
-    reject_unknown_keys(raw, CLUSTER_FIELDS, where)
-    num_nodes = require_int(raw.get("num_nodes"), f"{where}.num_nodes", minimum=1, maximum=MAX_NODES)
-    simulate = _simulate(raw.get("simulate"), num_nodes, where)
-    if simulate is not None and raw.get("address") is not None:
+    written = parse(_Written, raw, where, PlacementError)
+    simulate = (
+        None
+        if written.simulate is None
+        else tuple(parse_nodes_spec(written.simulate, f"{where}.simulate", written.num_nodes))
+    )
+    if simulate is not None and written.address is not None:
         raise PlacementError(
             "cluster.simulate and cluster.address are both given",
             where=f"{where}.simulate",
             expected="simulate (an embedded rehearsal cluster) or address (an existing Ray), not both",
         )
-    timeout = raw.get("node_timeout", DEFAULT_NODE_TIMEOUT_S)
+    for key in _SIMULATE_ONLY:
+        value = getattr(written, key)
+        if value is not None and simulate is None:
+            raise PlacementError(
+                "only used with cluster.simulate", where=f"{where}.{key}", expected="cluster.simulate as well"
+            )
+        if isinstance(value, list) and simulate is not None and len(value) != len(simulate):
+            raise PlacementError(
+                "expected one mapping per simulated node",
+                where=f"{where}.{key}",
+                expected=f"a list of {len(simulate)} mappings",
+            )
+    if (
+        simulate is not None
+        and written.num_gpus_per_node is not None
+        and set(simulate) != {written.num_gpus_per_node}
+    ):
+        raise PlacementError(
+            f"cluster.num_gpus_per_node is {written.num_gpus_per_node} but cluster.simulate gives "
+            f"{list(simulate)}",
+            where=f"{where}.num_gpus_per_node",
+            expected="the same accelerator count on every simulated node, or no num_gpus_per_node",
+        )
     return ClusterConfig(
-        num_nodes=num_nodes,
-        num_gpus_per_node=_gpus_per_node(raw.get("num_gpus_per_node"), simulate, where),
+        num_nodes=written.num_nodes,
+        num_gpus_per_node=written.num_gpus_per_node,
         components=parse_components(
-            raw.get("component_placement"), num_nodes, f"{where}.component_placement"
+            written.component_placement, written.num_nodes, f"{where}.component_placement"
         ),
-        node_groups=parse_node_groups(raw.get("node_groups"), num_nodes, f"{where}.node_groups"),
-        address=None if raw.get("address") is None else require_str(raw["address"], f"{where}.address"),
+        node_groups=parse_node_groups(written.node_groups, written.num_nodes, f"{where}.node_groups"),
+        address=written.address,
         simulate=simulate,
-        simulate_cpus=_simulated(raw, "simulate_cpus", simulate, 1, where),
-        simulate_object_store_mib=_simulated(raw, "simulate_object_store_mib", simulate, 64, where),
-        simulate_resources=_per_node(raw, "simulate_resources", simulate, where),
-        simulate_labels=_per_node(raw, "simulate_labels", simulate, where),
-        node_timeout=require_number(
-            timeout, f"{where}.node_timeout", "seconds", "a positive number", positive=True
-        ),
-        secrets=parse_secret_specs(raw.get("secrets"), f"{where}.secrets"),
-        env_allowlist=_allowlist(raw.get("env_allowlist"), f"{where}.env_allowlist"),
-        profiling=parse_profiling(raw.get("profiling"), f"{where}.profiling"),
+        simulate_cpus=written.simulate_cpus,
+        simulate_object_store_mib=written.simulate_object_store_mib,
+        simulate_resources=_per_node(written.simulate_resources),
+        simulate_labels=_per_node(written.simulate_labels),
+        node_timeout=written.node_timeout,
+        secrets=parse_secret_specs(written.secrets, f"{where}.secrets"),
+        env_allowlist=tuple(written.env_allowlist or ()),
+        profiling=parse_profiling(written.profiling, f"{where}.profiling"),
     )
 
 
@@ -200,40 +238,36 @@ def parse_components(raw: Any, num_nodes: int, where: str) -> tuple[ComponentCon
     return tuple(entries)
 
 
+class _Entry(Section):
+    """A ``component_placement`` value written as a mapping; what other modules parse is passed on."""
+
+    node_group: Any = CLUSTER_GROUP
+    placement: Any = Field(description="a string such as '0-7' or '0-3:0-7'")
+    env_vars: Any = None
+    constraints: Any = None
+    num_cpus: float | None = Field(default=None, ge=0, description="CPUs per process")
+    restart: Any = None
+    model: str | None = Field(
+        default=None, strict=True, description="a checkpoint path: a Hugging Face directory"
+    )
+
+
 def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> ComponentConfig:
     names = name_list(key, "cluster.component_placement", "component name")
     if not isinstance(value, Mapping):
         return ComponentConfig(key, names, (CLUSTER_GROUP,), _placement_text(value, path))
-    reject_unknown_keys(value, COMPONENT_FIELDS, path)
-    placement = require_key(value, "placement", path, "placement: a string such as '0-7'")
-    cpus = value.get("num_cpus")
-    if cpus is not None:
-        cpus = require_number(
-            cpus, f"{path}.num_cpus", "a number of CPUs", "a number >= 0 (CPUs per process)"
-        )
+    entry = parse(_Entry, value, path, PlacementError)
     return ComponentConfig(
         key,
         names,
-        name_list(value.get("node_group", CLUSTER_GROUP), f"{path}.node_group", "node group label"),
-        _placement_text(placement, path),
-        parse_env_vars(value.get("env_vars"), f"{path}.env_vars"),
-        parse_constraints(value.get("constraints"), f"{path}.constraints", num_nodes),
-        cpus,
-        parse_restart(value.get("restart"), f"{path}.restart"),
-        _model_path(value.get("model"), f"{path}.model"),
+        name_list(entry.node_group, f"{path}.node_group", "node group label"),
+        _placement_text(entry.placement, path),
+        parse_env_vars(entry.env_vars, f"{path}.env_vars"),
+        parse_constraints(entry.constraints, f"{path}.constraints", num_nodes),
+        entry.num_cpus,
+        parse_restart(entry.restart, f"{path}.restart"),
+        entry.model or None,  # empty: an interpolated path the job leaves unset
     )
-
-
-def _model_path(value: Any, where: str) -> str | None:
-    if value is None or value == "":  # empty: an interpolated path the job leaves unset
-        return None
-    if not isinstance(value, str):
-        raise PlacementError(
-            f"expected a checkpoint path, got {value!r}",
-            where=where,
-            expected="a local Hugging Face checkpoint directory (with config.json)",
-        )
-    return value
 
 
 def _placement_text(value: Any, where: str) -> str:
@@ -309,24 +343,8 @@ def _counts_from_text(text: str, where: str, expected: str) -> list[int]:
     return counts
 
 
-def _simulate(value: Any, num_nodes: int, where: str) -> tuple[int, ...] | None:
-    return None if value is None else tuple(parse_nodes_spec(value, f"{where}.simulate", num_nodes))
-
-
-def _per_node(
-    raw: Mapping[str, Any], key: str, simulate: tuple[int, ...] | None, where: str
-) -> tuple[dict[str, Any], ...] | None:
-    """``simulate_resources`` / ``simulate_labels``: one mapping per simulated node."""
-    value = _simulate_setting(raw, key, simulate, where)
-    if value is None or simulate is None:
-        return None
-    if not isinstance(value, list) or len(value) != len(simulate):
-        raise PlacementError(
-            "expected one mapping per simulated node",
-            where=f"{where}.{key}",
-            expected=f"a list of {len(simulate)} mappings",
-        )
-    return tuple(as_mapping(entry or {}, f"{where}.{key}[{index}]") for index, entry in enumerate(value))
+def _per_node(values: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _refuse_auto_scheduler(raw: Mapping[str, Any], where: str) -> None:
@@ -341,40 +359,3 @@ def _refuse_auto_scheduler(raw: Mapping[str, Any], where: str) -> None:
         where=f"{where}.{given[0]}",
         expected="a static component_placement; remove these keys (or set auto_scheduler: false alone)",
     )
-
-
-def _gpus_per_node(value: Any, simulate: tuple[int, ...] | None, where: str) -> int | None:
-    """RLinf's ``num_gpus_per_node``: what a dry run assumes and a live cluster must have."""
-    if value is None:
-        return None
-    count = require_int(value, f"{where}.num_gpus_per_node")
-    if simulate is not None and set(simulate) != {count}:
-        raise PlacementError(
-            f"cluster.num_gpus_per_node is {count} but cluster.simulate gives {list(simulate)}",
-            where=f"{where}.num_gpus_per_node",
-            expected="the same accelerator count on every simulated node, or no num_gpus_per_node",
-        )
-    return count
-
-
-def _simulated(raw: Mapping[str, Any], key: str, simulate: Any, minimum: int, where: str) -> int | None:
-    """A ``simulate_*`` size."""
-    value = _simulate_setting(raw, key, simulate, where)
-    return None if value is None else require_int(value, f"{where}.{key}", minimum=minimum)
-
-
-def _simulate_setting(raw: Mapping[str, Any], key: str, simulate: Any, where: str) -> Any:
-    """A ``simulate_*`` key: refused without ``simulate``, where nothing would use it."""
-    value = raw.get(key)
-    if value is not None and simulate is None:
-        raise PlacementError(
-            "only used with cluster.simulate", where=f"{where}.{key}", expected="cluster.simulate as well"
-        )
-    return value
-
-
-def _allowlist(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    names = require_list(value, where, "variable names or patterns, e.g. [WANDB_PROJECT, 'MY_*']")
-    return tuple(require_str(name, f"{where}[{index}]") for index, name in enumerate(names))

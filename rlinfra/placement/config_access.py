@@ -7,7 +7,6 @@ a ``PlacementError`` that names the config path instead of an ``AttributeError``
 
 from __future__ import annotations
 
-import math
 import posixpath
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -50,14 +49,6 @@ def require_bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise PlacementError(f"expected true or false, got {value!r}", where=where)
     return value
-
-
-def require_number(value: Any, where: str, what: str, expected: str, positive: bool = False) -> float:
-    """A finite number (bools are not numbers here) of at least 0, or more than 0 if ``positive``."""
-    valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not valid or value < 0 or (positive and value == 0):
-        raise PlacementError(f"expected {what}, got {value!r}", where=where, expected=expected)
-    return float(value)
 
 
 def require_list(value: Any, where: str, expected: str) -> list[Any]:
@@ -127,7 +118,7 @@ def as_section(
 
 def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str | None) -> None:
     """An unknown key of rlinfra's own sections, named with the nearest valid one."""
-    reject_unknown(section, tuple(allowed), where, "field", PlacementError)
+    reject_unknown(section, tuple(allowed), where, "key", PlacementError)
 
 
 def parse_rank_list(

@@ -11,20 +11,21 @@ bug to report, not a fault to ride out. Without the key a component gets ``DEFAU
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from rlinfra.placement.config_access import as_section, require_int, require_number
+from pydantic import ConfigDict, Field
 
-RESTART_FIELDS = ("max", "within_s")
+from rlinfra.config import Section, parse
+from rlinfra.placement.errors import PlacementError
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    """At most ``max_restarts`` replacements of the component's workers within ``within_s`` seconds."""
+class RestartPolicy(Section):
+    """At most ``max_restarts`` (YAML: ``max``) replacements of the component's workers within
+    ``within_s`` seconds."""
 
-    max_restarts: int = 3
-    within_s: float = 600.0
+    model_config = ConfigDict(validate_by_name=True)
+    max_restarts: int = Field(default=3, ge=0, alias="max")
+    within_s: float = Field(default=600.0, gt=0, description="the window the restarts are counted in")
 
 
 DEFAULT_RESTART = RestartPolicy()
@@ -32,15 +33,4 @@ DEFAULT_RESTART = RestartPolicy()
 
 def parse_restart(value: Any, where: str) -> RestartPolicy | None:
     """``{max: N, within_s: S}`` (either may be left out: the defaults are 3 and 600 s)."""
-    if value is None:
-        return None
-    section = as_section(value, RESTART_FIELDS, where, expected="restart: {max: 3, within_s: 600}")
-    max_restarts = require_int(section.get("max", DEFAULT_RESTART.max_restarts), f"{where}.max")
-    within_s = require_number(
-        section.get("within_s", DEFAULT_RESTART.within_s),
-        f"{where}.within_s",
-        "a number of seconds",
-        "seconds > 0 (the window the restarts are counted in)",
-        positive=True,
-    )
-    return RestartPolicy(max_restarts, within_s)
+    return None if value is None else parse(RestartPolicy, value, where, PlacementError)

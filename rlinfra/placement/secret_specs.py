@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlinfra.placement.config_access import as_mapping, as_section, require_str
+from pydantic import Field
+
+from rlinfra.config import Section, parse
+from rlinfra.placement.config_access import as_mapping
 from rlinfra.placement.env_vars import ENV_NAME
 from rlinfra.placement.errors import PlacementError
-
-_FIELDS = ("from_env", "from_file", "expose_as_env")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class SecretSpec:
         return origin + (", exposed as env" if self.expose_as_env else "")
 
 
+class _Source(Section):
+    from_env: str | None = Field(default=None, min_length=1)
+    from_file: str | None = Field(default=None, min_length=1)
+    expose_as_env: bool = False
+
+
 def parse_secret_specs(raw: Any, where: str = "cluster.secrets") -> tuple[SecretSpec, ...]:
     """The ``secrets`` mapping as specs (none if absent); schema errors are ``PlacementError``."""
     if raw is None:
@@ -44,17 +51,12 @@ def parse_secret_specs(raw: Any, where: str = "cluster.secrets") -> tuple[Secret
         entry_where = f"{where}.{name}"
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise PlacementError(f"bad secret name {name!r}", where=where, expected="a name like HF_TOKEN")
-        fields = as_section(entry, _FIELDS, entry_where)
-        sources = [key for key in ("from_env", "from_file") if fields.get(key) is not None]
-        if len(sources) != 1:
+        source = parse(_Source, entry, entry_where, PlacementError)
+        if (source.from_env is None) == (source.from_file is None):
             raise PlacementError(
                 "a secret needs exactly one source",
                 where=entry_where,
                 expected="{from_env: VARIABLE} or {from_file: PATH}",
             )
-        expose = fields.get("expose_as_env", False)
-        if not isinstance(expose, bool):
-            raise PlacementError("expose_as_env must be true or false", where=f"{entry_where}.expose_as_env")
-        value = require_str(fields[sources[0]], f"{entry_where}.{sources[0]}")
-        specs.append(SecretSpec(name, **{sources[0]: value}, expose_as_env=expose))
+        specs.append(SecretSpec(name, **source.model_dump()))
     return tuple(specs)

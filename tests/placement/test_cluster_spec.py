@@ -62,11 +62,11 @@ class TestNodes:
     @pytest.mark.parametrize(
         ("cluster", "accelerators", "where", "problem"),
         [
-            ({}, 8, "cluster.num_nodes", "expected an integer, got None"),
-            ({"num_nodes": 0}, 8, "cluster.num_nodes", "0 is too small"),
-            ({"num_nodes": True}, 8, "cluster.num_nodes", "expected an integer"),
-            ({"num_nodes": "2"}, 8, "cluster.num_nodes", "expected an integer"),
-            ({"num_nodes": 10**12}, 8, "cluster.num_nodes", "too large"),
+            ({}, 8, "cluster", "missing 'num_nodes'"),
+            ({"num_nodes": 0}, 8, "cluster.num_nodes", "got 0; expected at least 1"),
+            ({"num_nodes": True}, 8, "cluster.num_nodes", "expected int, got True"),
+            ({"num_nodes": "2"}, 8, "cluster.num_nodes", "expected int, got '2'"),
+            ({"num_nodes": 10**12}, 8, "cluster.num_nodes", "expected at most 100000"),
             ({"num_nodes": 2}, -1, "accelerators per node", "-1 is too small"),
             ({"num_nodes": 2}, [8], "accelerators per node", "1 node given, but cluster.num_nodes is 2"),
             ({"num_nodes": 2}, [8, "8"], "accelerators per node[1]", "expected an integer"),
@@ -154,11 +154,11 @@ node_groups:
             ({"label": "g", "node_ranks": "0-9"}, "cluster.node_groups[0].node_ranks", "does not exist"),
             ({"label": "g", "node_ranks": [0, 0]}, "cluster.node_groups[0].node_ranks", "listed twice"),
             ({"label": "g", "node_ranks": []}, "cluster.node_groups[0].node_ranks", "empty"),
-            ({"label": "g", "node_rank": 0}, "cluster.node_groups[0]", "unknown field 'node_rank'"),
+            ({"label": "g", "node_rank": 0}, "cluster.node_groups[0]", "unknown key 'node_rank'"),
             (
                 {"label": "g", "node_ranks": 0, "ignore_hardwar": True},
                 "cluster.node_groups[0]",
-                "unknown field 'ignore_hardwar'",
+                "unknown key 'ignore_hardwar'",
             ),
             (
                 {"label": "g", "node_ranks": 0, "ignore_hardware": "yes"},
@@ -267,7 +267,7 @@ class TestHardware:
             (
                 {"type": "robot", "config": [{"node_rank": 1}]},
                 "cluster.node_groups[0].hardware",
-                "unknown field 'config'",
+                "unknown key 'config'",
             ),
             ("robot", "cluster.node_groups[0].hardware", "expected a mapping"),
             (
@@ -340,7 +340,7 @@ node_groups:
                 "not in this node group",
             ),
             ([{"node_ranks": 7}], "cluster.node_groups[0].env_configs[0].node_ranks", "does not exist"),
-            ([{"env": {"A": 1}}], "cluster.node_groups[0].env_configs[0]", "unknown field 'env'"),
+            ([{"env": {"A": 1}}], "cluster.node_groups[0].env_configs[0]", "unknown key 'env'"),
             ([{"env_vars": "A=1"}], "cluster.node_groups[0].env_configs[0].env_vars", "expected a mapping"),
             (
                 [{"env_vars": {"A": None}}],

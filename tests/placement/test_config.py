@@ -40,23 +40,23 @@ class TestUnknownKeys:
     @pytest.mark.parametrize(
         ("section", "where", "problem"),
         [
-            ({"node_grups": []}, "cluster", "unknown field 'node_grups'; did you mean 'node_groups'?"),
-            ({"simulate_cpu": 4}, "cluster", "unknown field 'simulate_cpu'; did you mean 'simulate_cpus'?"),
-            ({"nsight": {}}, "cluster", "unknown field 'nsight'"),
+            ({"node_grups": []}, "cluster", "unknown key 'node_grups'; did you mean 'node_groups'?"),
+            ({"simulate_cpu": 4}, "cluster", "unknown key 'simulate_cpu'; did you mean 'simulate_cpus'?"),
+            ({"nsight": {}}, "cluster", "unknown key 'nsight'"),
             (
                 {"component_placement": {"a": {"placement": "0", "num_cpu": 1}}},
                 "cluster.component_placement.a",
-                "unknown field 'num_cpu'; did you mean 'num_cpus'?",
+                "unknown key 'num_cpu'; did you mean 'num_cpus'?",
             ),
             (
                 {"node_groups": [{"label": "a", "node_ranks": 0, "hardwre": {}}]},
                 "cluster.node_groups[0]",
-                "unknown field 'hardwre'; did you mean 'hardware'?",
+                "unknown key 'hardwre'; did you mean 'hardware'?",
             ),
             (
                 {"node_groups": [{"label": "a", "node_ranks": 0, "env_configs": [{"env_var": {}}]}]},
                 "cluster.node_groups[0].env_configs[0]",
-                "unknown field 'env_var'; did you mean 'env_vars'?",
+                "unknown key 'env_var'; did you mean 'env_vars'?",
             ),
         ],
     )
@@ -97,11 +97,11 @@ class TestUnknownKeys:
             ({"simulate_labels": [{}, {}]}, "only used with cluster.simulate"),
             ({"simulate": "2x2", "address": "ray://head:10001"}, "cluster.simulate and cluster.address"),
             ({"simulate": "3x2"}, "3 nodes given, but cluster.num_nodes is 2"),
-            ({"node_timeout": 0}, "expected seconds"),
-            ({"component_placement": {"a": {"placement": "0", "num_cpus": -1}}}, "expected a number of CPUs"),
+            ({"node_timeout": 0}, "got 0; expected above 0"),
+            ({"component_placement": {"a": {"placement": "0", "num_cpus": -1}}}, "expected at least 0 (CPUs"),
             (
                 {"component_placement": {"a": {"placement": "0", "num_cpus": "two"}}},
-                "expected a number of CPUs",
+                "expected float, got 'two'",
             ),
         ],
     )

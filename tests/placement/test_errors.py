@@ -165,13 +165,13 @@ class TestConfigErrors:
             (
                 {"actor": {"node_groups": "a800", "placement": "0"}},
                 "cluster.component_placement.actor",
-                "unknown field 'node_groups'",
+                "unknown key 'node_groups'",
                 "one of 'node_group', 'placement'",
             ),
             (
                 {"actor": {"node_group": "a800", "placment": "0"}},
                 "cluster.component_placement.actor",
-                "unknown field 'placment'",
+                "unknown key 'placment'",
                 "'placement'",
             ),
             (

@@ -93,7 +93,7 @@ def test_component_errors_read_as_in_a_full_parse() -> None:
     ("change", "message"),
     [
         ({"num_nodes": 3}, "cluster.num_nodes is 3, but the cluster has 2 node(s)"),
-        ({"num_gpus_per_node": True}, "cluster.num_gpus_per_node: expected an integer, got True"),
+        ({"num_gpus_per_node": True}, "cluster.num_gpus_per_node: expected int, got True"),
         ({"node_grups": []}, "did you mean 'node_groups'?"),
         ({"component_placement": {}}, "missing or empty component_placement"),
     ],

@@ -386,10 +386,10 @@ def test_nsight_command_and_report_names() -> None:
         (
             {"backend": "nsight", "optoins": {}},
             "cluster.profiling",
-            "unknown field 'optoins'; did you mean 'options'",
+            "unknown key 'optoins'; did you mean 'options'",
         ),
-        ({"backend": "nsight", "args": {}}, "cluster.profiling", "unknown field 'args'"),
-        ({"backend": "rocprof_sys", "flags": "x"}, "cluster.profiling", "unknown field 'flags'"),
+        ({"backend": "nsight", "args": {}}, "cluster.profiling", "unknown key 'args'"),
+        ({"backend": "rocprof_sys", "flags": "x"}, "cluster.profiling", "unknown key 'flags'"),
         ({"backend": "nsys"}, "cluster.profiling.backend", "unknown profiling backend 'nsys'"),
         ({"worker_groups": "actor"}, "cluster.profiling", "missing 'backend'"),
         ({"backend": "nsight", "steps": [1, 2]}, "cluster.profiling.steps", "steps cannot be honoured"),

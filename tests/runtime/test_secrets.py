@@ -178,8 +178,11 @@ def test_the_channel_and_context_do_not_show_values(cluster: Cluster) -> None:
     [
         ({"HF_TOKEN": {}}, "exactly one source"),
         ({"HF_TOKEN": {"from_env": "A", "from_file": "/b"}}, "exactly one source"),
-        ({"HF_TOKEN": {"from_env": "A", "value": "x"}}, "unknown field 'value'"),
-        ({"HF_TOKEN": {"from_env": "A", "expose_as_env": "yes"}}, "expose_as_env must be true or false"),
+        ({"HF_TOKEN": {"from_env": "A", "value": "x"}}, "unknown key 'value'"),
+        (
+            {"HF_TOKEN": {"from_env": "A", "expose_as_env": "yes"}},
+            "expose_as_env: expected true or false",
+        ),
         ({"HF-TOKEN": {"from_env": "A"}}, "bad secret name"),
         (["HF_TOKEN"], "expected a mapping"),
     ],

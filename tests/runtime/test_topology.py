@@ -185,7 +185,7 @@ def test_group_and_component_constraints_merge_per_process() -> None:
         ({"labels": {"zone": "!a"}}, "an exact value"),
         ({"labels": {"ray.io/node-id": "abc"}}, "constraints.nodes to pin nodes"),
         ({"nodes": 5}, "node rank 5 does not exist"),
-        ({"node": 0}, "unknown field 'node'"),
+        ({"node": 0}, "unknown key 'node'"),
     ],
 )
 def test_bad_constraints_are_placement_errors(constraints: dict, fragment: str) -> None:
@@ -196,5 +196,5 @@ def test_bad_constraints_are_placement_errors(constraints: dict, fragment: str) 
 
 def test_node_groups_pin_nodes_with_node_ranks_not_constraints() -> None:
     groups = [{"label": "g", "node_ranks": 1, "constraints": {"nodes": 1}}]
-    with pytest.raises(PlacementError, match="unknown field 'nodes'"):
+    with pytest.raises(PlacementError, match="unknown key 'nodes'"):
         resolve(spec_cfg({"node_group": "g", "placement": "0"}, groups))
