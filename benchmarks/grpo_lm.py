@@ -23,7 +23,6 @@ really release memory. The last line printed is one JSON object with every figur
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -79,9 +78,8 @@ def local_config(layout: str, seed: int, algo: dict[str, Any]) -> GRPOConfig:
     """The one-process GRPO with a bundled config's algo settings (kl_coef, updates: the lr
     decay's length) and ``algo`` over them, stopping at the target."""
     bundled = job_config(ROOT / "examples" / "grpo_lm" / f"{layout}.yaml")
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    overrides = {k: v for k, v in {**bundled, **algo}.items() if k in fields}
-    return dataclasses.replace(GRPOConfig(**overrides), seed=seed, stop_at_target=True)
+    overrides = {k: v for k, v in {**bundled, **algo}.items() if k in GRPOConfig.model_fields}
+    return GRPOConfig(**{**overrides, "seed": seed, "stop_at_target": True})
 
 
 def run_local(config: GRPOConfig) -> dict[str, Any]:
