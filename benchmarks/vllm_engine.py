@@ -23,13 +23,13 @@ Baselines, measured in the same run:
 The jobs run as a user runs them (``rlinfra run CONFIG`` in a subprocess) and are read from their
 outputs, the log-prob probe's ``logprob_mismatch`` included; each ``vllm.LLM`` alone runs in a
 process of its own (``--alone TP``). ``--smoke`` runs the TP 2 job for two updates and TP 1 beside
-it. The last line is one JSON object.
+it; as its figures mean nothing, the job and vLLM alone run side by side with the hosted engines,
+from a warm-up made once before them. The last line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +139,7 @@ def engines_alone(
     with Cluster(cluster_cfg=section) as cluster:
         # One component at a time: only the measured engines' processes are alive.
         for component in placed:
-            group = VLLMRolloutWorker.create_group(dataclasses.asdict(config), path, settings).launch(
+            group = VLLMRolloutWorker.create_group(config, path, settings).launch(
                 cluster,
                 ComponentPlacement({"cluster": section}, cluster).get_strategy(component),
                 name=component,
@@ -209,13 +211,23 @@ def main() -> None:
         for layout in () if args.smoke else ("disaggregated", "vllm"):
             rows[layout] = run_layout(layout, args.seed, Path(folder), algo)
         fixed = {**algo, "updates": algo.get("updates", TP2_UPDATES), "stop_at_target": "false"}
-        rows["vllm_tp2"] = run_layout("vllm_tp2", args.seed, Path(folder), fixed)
+        tp2_job = partial(run_layout, "vllm_tp2", args.seed, Path(folder), fixed)
+        alone_tp1 = partial(alone_in_a_process, 1, args.seed, args.smoke)
+        if args.smoke:  # figures that mean nothing: the three parts side by side (module docstring)
+            warm_start(config.cache_dir, config, log=lambda _: None)  # else each part would make it
+            with ThreadPoolExecutor(max_workers=2) as beside:
+                job_done, alone_done = beside.submit(tp2_job), beside.submit(alone_tp1)
+                hosted = engines_alone(config, engine, repeats, tp2=False)
+                rows["vllm_tp2"], alone = job_done.result(), alone_done.result()
+            one_cpu, alone_tp2 = alone, {}
+        else:
+            rows["vllm_tp2"] = tp2_job()
+            hosted = engines_alone(config, engine, repeats)
+            alone = alone_tp1()
+            one_cpu = alone_in_a_process(1, args.seed, args.smoke, threads=1)
+            alone_tp2 = alone_in_a_process(2, args.seed, args.smoke, threads=2)
         for layout in rows.keys() - {"local"}:
             rows[layout] |= probe_figures(Path(folder) / layout)
-        hosted = engines_alone(config, engine, repeats, tp2=not args.smoke)
-        alone = alone_in_a_process(1, args.seed, args.smoke)
-        one_cpu = alone if args.smoke else alone_in_a_process(1, args.seed, args.smoke, threads=1)
-        alone_tp2 = {} if args.smoke else alone_in_a_process(2, args.seed, args.smoke, threads=2)
     job, tp2 = rows.get("vllm", rows["vllm_tp2"]), rows["vllm_tp2"]
     for name, figure in hosted.items():
         baseline = {"tp2": alone_tp2, "one": one_cpu}.get(name.partition("_")[0], alone)

@@ -39,12 +39,15 @@ def _kill_a_vllm_worker_at_iteration_3(killed: list[int]):
 
 def test_the_job_runs_a_users_qwen3_on_one_tp2_engine_through_a_killed_vllm_worker(cluster, tmp_path) -> None:
     start = make_checkpoint("qwen3", tmp_path / "qwen3")
-    updates, killed = 8, []
+    # The kill at 3, then two updates on the replaced engine (its first one evaluated at 4);
+    # accuracy is not asserted, so 20 held-out prompts do for the evaluations.
+    updates, killed = 5, []
     cfg = grpo_config(
         "vllm_tp2",
         tmp_path / "run",
         f"algo.updates={updates}",
         "algo.eval_every=4",
+        "algo.eval_size=20",
         "run.plot=false",
         start=start,
     )
