@@ -121,7 +121,8 @@ def _explained(
     raised = (detail.get("ctx") or {}).get("error")
     if isinstance(raised, ConfigError):  # from a validator, its ``where`` relative to the key checked
         kind = error if type(raised) is ConfigError else type(raised)
-        where = _path(path, (raised.where,)) if raised.where else path
+        joint = "" if not raised.where or raised.where.startswith("[") else "."
+        where = f"{path or ''}{joint if path else ''}{raised.where or ''}" or None
         return kind(raised.problem, where=where, text=raised.text, span=raised.span, expected=raised.expected)
     kind, given = detail["type"], detail.get("input")
     if kind == "extra_forbidden":

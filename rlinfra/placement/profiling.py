@@ -35,18 +35,11 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
-from rlinfra.placement.config_access import (
-    absolute_path,
-    as_mapping,
-    reject_unknown_keys,
-    require_bool,
-    require_key,
-    require_list,
-    require_str,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from rlinfra.config import ConfigError, Section, Span, parse
 from rlinfra.placement.env_vars import ENV_NAME, refuse_credential
 from rlinfra.placement.errors import PlacementError
 
@@ -56,20 +49,27 @@ BACKENDS = {NSIGHT: "Nsight Systems", ROCPROF_SYS: "ROCm Systems Profiler"}
 ALL_GROUPS = "all"
 DEFAULT_OUTPUT_DIR = "/tmp/rlinfra-profiles"
 
-_COMMON_FIELDS = ("backend", "enabled", "worker_groups", "steps", "output_dir")
 _BACKEND_FIELDS = {NSIGHT: ("options", "flags"), ROCPROF_SYS: ("args", "env")}
-_NSIGHT_OUTPUT_OPTIONS = ("o", "output")
-_ROCPROF_OUTPUT_ENV = ("ROCPROFSYS_OUTPUT_PATH", "ROCPROFSYS_OUTPUT_PREFIX")
+_REPORT_PATHS = {"options": ("o", "output"), "env": ("ROCPROFSYS_OUTPUT_PATH", "ROCPROFSYS_OUTPUT_PREFIX")}
+_REPORTS = {
+    "options": "output_dir: reports are named <output_dir>/<group>_<rank>_<pid>.nsys-rep",
+    "env": "output_dir: reports go to <output_dir> with the prefix <group>_<rank>_<pid>",
+}
 _OPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAMES = {
+    "options": (_OPTION_NAME, "an nsys option name"),
+    "args": (_OPTION_NAME, "a rocprofsys option name"),
+}
 _UNSAFE_IN_FILE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
-@dataclass(frozen=True)
-class ProfilingConfig:
+class ProfilingConfig(Section):
     """``cluster.profiling``, checked. ``worker_groups`` as written (matched case-insensitively);
-    ``options``/``args``/``env`` as (name, value) pairs in the order written, values as text."""
+    ``options``/``args``/``env`` as (name, value) pairs in the order written, values as text.
+    Every key is validated even with ``enabled: false``, so a typo does not wait for the day
+    profiling is switched on."""
 
-    backend: str
+    backend: str = Field(description=" or ".join(f"{name!r} ({tool})" for name, tool in BACKENDS.items()))
     enabled: bool = True
     worker_groups: tuple[str, ...] = ()
     output_dir: str = DEFAULT_OUTPUT_DIR
@@ -77,6 +77,93 @@ class ProfilingConfig:
     flags: tuple[str, ...] = ()
     args: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_and_its_keys(cls, data: Any) -> Any:
+        backend = data.get("backend") if isinstance(data, Mapping) else None
+        if backend is None:
+            return data
+        if backend not in BACKENDS:
+            expected = str(cls.model_fields["backend"].description)
+            raise ConfigError(f"unknown profiling backend {backend!r}", where="backend", expected=expected)
+        allowed = [key for key in cls.model_fields if key not in _BACKEND_FIELDS[_other(backend)]]
+        for key in data:
+            if key in _BACKEND_FIELDS[_other(backend)]:
+                raise ConfigError(f"unknown key {key!r}", expected="one of " + ", ".join(map(repr, allowed)))
+        if "steps" in data:
+            raise _steps_refused(backend)
+        return data
+
+    @field_validator("worker_groups", mode="before")
+    @classmethod
+    def _group_names(cls, value: Any) -> Any:
+        """Group names: one string (commas separate several, as in ``component_placement``), or a list."""
+        items = () if value is None else value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or (value is not None and not items):
+            expected = "a name, 'actor,rollout', a list of names, or 'all'"
+            raise ConfigError(f"expected worker group names, got {value!r}", expected=expected)
+        for index, item in enumerate(items):
+            if not isinstance(item, str) or not item.strip():
+                raise ConfigError(f"expected a group name, got {item!r}", where=f"[{index}]")
+        return tuple(item.strip() for item in items)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        """Each node would read a relative path against another directory."""
+        if not posixpath.isabs(path):
+            raise ConfigError(
+                f"the path {path!r} is relative",
+                text=path,
+                span=Span(0, len(path)),
+                expected="an absolute directory, valid on every node that runs a profiled worker",
+            )
+        return path
+
+    @field_validator("options", "args", "env", mode="before")
+    @classmethod
+    def _named_values(cls, raw: Any, info: ValidationInfo) -> Any:
+        """A mapping of names to scalar values; booleans are written ``true``/``false`` as the
+        profilers spell them (YAML reads ``stop-on-exit: true`` as a boolean)."""
+        pattern, what = _NAMES.get(str(info.field_name), (ENV_NAME, "a variable name"))
+        if raw is None or not isinstance(raw, Mapping):
+            return () if raw is None else raw
+        for name, value in raw.items():
+            if not isinstance(name, str) or not pattern.fullmatch(name):
+                expected = f"{what}, without leading dashes (e.g. 't', 'capture-range')"
+                raise ConfigError(f"bad name {name!r}", expected=expected)
+            if isinstance(value, (Mapping, list)) or value is None:
+                raise ConfigError(f"{name!r} has no scalar value", where=name, expected="a string or number")
+            if name in _REPORT_PATHS.get(str(info.field_name), ()):
+                problem = f"{name!r} cannot be honoured: every process writes its own report"
+                raise ConfigError(problem, where=name, expected=_REPORTS[str(info.field_name)])
+        pairs = [
+            (name, str(value).lower() if isinstance(value, bool) else str(value))
+            for name, value in raw.items()
+        ]
+        for name, value in pairs if info.field_name == "env" else ():
+            refuse_credential(name, value, "")
+        return tuple(pairs)
+
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _flag_names(cls, raw: Any) -> Any:
+        items = () if raw is None else [raw] if isinstance(raw, str) else raw
+        for index, flag in enumerate(items if isinstance(items, list) else ()):
+            if not isinstance(flag, str) or not _OPTION_NAME.fullmatch(flag):
+                expected = "an nsys option name without leading dashes"
+                raise ConfigError(f"bad flag {flag!r}", where=f"[{index}]", expected=expected)
+        return items
+
+    @model_validator(mode="after")
+    def _each_name_once(self) -> ProfilingConfig:
+        both = sorted(set(self.flags) & {name for name, _ in self.options})
+        if both:
+            raise ConfigError(
+                f"{both[0]!r} is both a flag and an option", where="flags", expected="each name once"
+            )
+        return self
 
     def profiles(self, group_name: str) -> bool:
         """Whether the processes of worker group ``group_name`` run under the profiler."""
@@ -121,142 +208,30 @@ def _cli_options(pairs: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
 
 def parse_profiling(raw: Any, where: str = "cluster.profiling") -> ProfilingConfig | None:
     """``cluster.profiling`` checked and typed (a ``ProfilingConfig`` is returned as it is), or
-    None when the section is absent. Every key is validated even with ``enabled: false``, so a
-    typo does not wait for the day profiling is switched on."""
+    None when the section is absent."""
     if raw is None or isinstance(raw, ProfilingConfig):
         return raw
-    section = as_mapping(raw, where)
-    backend = _backend(section, where)
-    reject_unknown_keys(section, _COMMON_FIELDS + _BACKEND_FIELDS[backend], where)
-    _refuse_steps(section.get("steps"), backend, f"{where}.steps")
-    output_dir = absolute_path(
-        section.get("output_dir"),
-        f"{where}.output_dir",
-        expected="an absolute directory, valid on every node that runs a profiled worker",
-    )
-    config = ProfilingConfig(
-        backend=backend,
-        enabled=require_bool(section.get("enabled", True), f"{where}.enabled"),
-        worker_groups=_worker_groups(section.get("worker_groups"), f"{where}.worker_groups"),
-        output_dir=output_dir or DEFAULT_OUTPUT_DIR,
-    )
-    if backend == NSIGHT:
-        return _with_nsight_fields(config, section, where)
-    return _with_rocprof_fields(config, section, where)
+    return parse(ProfilingConfig, raw, where, PlacementError)
 
 
-def _backend(section: Mapping[str, Any], where: str) -> str:
-    expected = " or ".join(f"{name!r} ({tool})" for name, tool in BACKENDS.items())
-    backend = require_key(section, "backend", where, expected)
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise PlacementError(
-            f"unknown profiling backend {backend!r}", where=f"{where}.backend", expected=expected
-        )
-    return backend
+def _other(backend: str) -> str:
+    return ROCPROF_SYS if backend == NSIGHT else NSIGHT
 
 
-def _refuse_steps(steps: Any, backend: str, where: str) -> None:
-    if steps is None:
-        return
+def _steps_refused(backend: str) -> ConfigError:
+    """rlinfra does not run the training loop, so it cannot open and close a capture window."""
     workaround = (
         "; to capture only some steps, set options {capture-range: cudaProfilerApi} and call "
         "torch.cuda.profiler.start()/stop() around them in the worker"
         if backend == NSIGHT
         else ""
     )
-    raise PlacementError(
+    return ConfigError(
         "steps cannot be honoured: rlinfra does not run the training loop, so it cannot open and "
         "close a capture window around given steps",
-        where=where,
+        where="steps",
         expected=f"no steps (the whole process is profiled){workaround}",
     )
-
-
-def _worker_groups(value: Any, where: str) -> tuple[str, ...]:
-    """Group names: one string (commas separate several, as in ``component_placement``), or a list."""
-    if value is None:
-        return ()
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list) or not items:
-        raise PlacementError(
-            f"expected worker group names, got {value!r}",
-            where=where,
-            expected="a name, 'actor,rollout', a list of names, or 'all'",
-        )
-    return tuple(require_str(item, f"{where}[{index}]") for index, item in enumerate(items))
-
-
-def _with_nsight_fields(config: ProfilingConfig, section: Mapping[str, Any], where: str) -> ProfilingConfig:
-    options = _named_values(section.get("options"), f"{where}.options", _OPTION_NAME, "an nsys option name")
-    report = "output_dir: reports are named <output_dir>/<group>_<rank>_<pid>.nsys-rep"
-    _refuse_report_paths(options, _NSIGHT_OUTPUT_OPTIONS, f"{where}.options", report)
-    flags = _flags(section.get("flags"), f"{where}.flags")
-    both = sorted(set(flags) & {name for name, _ in options})
-    if both:
-        raise PlacementError(
-            f"{both[0]!r} is both a flag and an option", where=f"{where}.flags", expected="each name once"
-        )
-    return replace(config, options=options, flags=flags)
-
-
-def _with_rocprof_fields(config: ProfilingConfig, section: Mapping[str, Any], where: str) -> ProfilingConfig:
-    args = _named_values(section.get("args"), f"{where}.args", _OPTION_NAME, "a rocprofsys option name")
-    env = _named_values(section.get("env"), f"{where}.env", ENV_NAME, "a variable name")
-    report = "output_dir: reports go to <output_dir> with the prefix <group>_<rank>_<pid>"
-    _refuse_report_paths(env, _ROCPROF_OUTPUT_ENV, f"{where}.env", report)
-    for name, value in env:
-        refuse_credential(name, value, f"{where}.env")
-    return replace(config, args=args, env=env)
-
-
-def _refuse_report_paths(
-    pairs: tuple[tuple[str, str], ...], refused: tuple[str, ...], where: str, expected: str
-) -> None:
-    """The report paths are rlinfra's own, one per process (see ``report_prefix``)."""
-    for name, _ in pairs:
-        if name in refused:
-            raise PlacementError(
-                f"{name!r} cannot be honoured: every process writes its own report",
-                where=f"{where}.{name}",
-                expected=expected,
-            )
-
-
-def _named_values(
-    raw: Any, where: str, name_pattern: re.Pattern[str], what: str
-) -> tuple[tuple[str, str], ...]:
-    """A mapping of names to scalar values; booleans are written ``true``/``false`` as the
-    profilers spell them (YAML reads ``stop-on-exit: true`` as a boolean)."""
-    if raw is None:
-        return ()
-    pairs = []
-    for name, value in as_mapping(raw, where).items():
-        if not isinstance(name, str) or not name_pattern.fullmatch(name):
-            raise PlacementError(
-                f"bad name {name!r}",
-                where=where,
-                expected=f"{what}, without leading dashes (e.g. 't', 'capture-range')",
-            )
-        if isinstance(value, (Mapping, list)) or value is None:
-            raise PlacementError(
-                f"{name!r} has no scalar value", where=f"{where}.{name}", expected="a string or number"
-            )
-        pairs.append((name, str(value).lower() if isinstance(value, bool) else str(value)))
-    return tuple(pairs)
-
-
-def _flags(raw: Any, where: str) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    items = require_list([raw] if isinstance(raw, str) else raw, where, "a flag name or a list of them")
-    for index, flag in enumerate(items):
-        if not isinstance(flag, str) or not _OPTION_NAME.fullmatch(flag):
-            raise PlacementError(
-                f"bad flag {flag!r}",
-                where=f"{where}[{index}]",
-                expected="an nsys option name without leading dashes",
-            )
-    return tuple(items)
 
 
 __all__ = ["BACKENDS", "DEFAULT_OUTPUT_DIR", "NSIGHT", "ROCPROF_SYS", "ProfilingConfig", "parse_profiling"]
