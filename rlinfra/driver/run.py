@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlinfra.config import JobConfigError
+from rlinfra.config import JobConfigError, did_you_mean
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.driver.failure_report import FailureReport
 from rlinfra.driver.metrics import MetricsLog, read_metrics
@@ -55,7 +55,6 @@ from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, 
 from .supervised import Pending, SupervisedSteps
 
 PLACEMENT_FILE = "placement.json"
-TRAINER = "actor"  # the trainer's component, and the checkpoint file its state is saved as
 CURVE_FILE = "curve.png"
 StartTrainer = Callable[[bytes | None, int | None], int]
 """``start(checkpoint, publish_above)``: the trainer group (``run.trainer``) launched and restored
@@ -82,6 +81,14 @@ class Run(SupervisedSteps):
         between_batches: Callable[[Run], None] | None = None,
     ) -> None:
         self.job, self.cfg, self.settings, self.state = job, cfg, job.settings, job.state
+        if job.components and self.settings.trainer not in job.components:
+            hint = did_you_mean(self.settings.trainer, job.components)
+            raise JobConfigError(
+                f"{self.settings.trainer!r} is not a component of the {job.title} job"
+                + (f"; {hint}" if hint else ""),
+                where="run.trainer",
+                expected="one of " + ", ".join(repr(name) for name in job.components),
+            )
         self.console = console or Console()
         self.between_batches, self.on_iteration = between_batches, on_iteration
         self.output = Path(job.settings.output_dir)
@@ -94,7 +101,7 @@ class Run(SupervisedSteps):
         # The trainer's payload and the driver's state a restart goes back to (none: the start).
         self._last_checkpoint: tuple[bytes | None, dict[str, Any] | None] = (None, None)
         if saved is not None:
-            self._last_checkpoint = (saved.payloads[TRAINER], saved.state)
+            self._last_checkpoint = (saved.payloads[self.settings.trainer], saved.state)
             self.state.load(saved.state)
         # Iterations logged after the checkpoint are redone: the log continues from it.
         resume_at = self.state.iteration if resume else None
@@ -298,21 +305,25 @@ class Run(SupervisedSteps):
         return launched
 
     def start_trainer(self, make: Callable[[], WorkerGroup], *, backend: str = "gloo") -> int:
-        """Launch the trainer group ``make()`` as ``actor``, bring up its process group and call its
-        ``setup(checkpoint, publish_above)`` (restored from the resumed checkpoint, if any); the
-        same again, into the same bundles, when it is restarted. Returns its weight version."""
+        """Launch the trainer group ``make()`` as component ``run.trainer`` (``actor`` unless the
+        config says otherwise), bring up its process group and call its ``setup(checkpoint,
+        publish_above)`` (restored from the resumed checkpoint, if any); the same again, into the
+        same bundles, when it is restarted. Returns its weight version."""
 
         def start(checkpoint: bytes | None, publish_above: int | None) -> int:
             if self.trainer is not None:
                 self._groups.remove(self.trainer)
-            self.trainer = self.launch(TRAINER, make())
+            self.trainer = self.launch(self.settings.trainer, make())
             bring_up(self.trainer, backend=backend)
             version = int(self.trainer.setup(checkpoint, publish_above).wait()[0])
             if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
                 self.turns.rejoin(self.trainer)
             return version
 
-        self._restart_with = (start, RestartBudget(self.placement.get_strategy(TRAINER).restart))
+        self._restart_with = (
+            start,
+            RestartBudget(self.placement.get_strategy(self.settings.trainer).restart),
+        )
         return start(self._last_checkpoint[0], None)
 
     def connect_weights(
@@ -444,7 +455,7 @@ class Run(SupervisedSteps):
         payload = self.job.trainer_state(self)
         saved = self.state.checkpointed()
         self._last_checkpoint = (payload, saved)
-        self.store.save(self.state.iteration, {TRAINER: payload}, saved)
+        self.store.save(self.state.iteration, {self.settings.trainer: payload}, saved)
 
     def tick(self) -> None:
         """Count the training seconds (across resumes) up to now."""

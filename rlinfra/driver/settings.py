@@ -22,6 +22,7 @@ class RunSettings(Section):
     entrypoint: str = ""  # read by ``rlinfra run``, not by the job
     output_dir: str = "outputs/run"
     checkpoint_every: int = Field(default=1, ge=1)  # iterations
+    trainer: str = "actor"  # the component start_trainer launches, checkpoints and restarts
     transport: Transport = "object_store"  # a job whose receivers support fewer narrows it
     call_timeout_s: float = Field(default=300.0, gt=0)  # the wait for one group step
     launch_timeout_s: float = Field(default=180.0, gt=0)

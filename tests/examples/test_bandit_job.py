@@ -11,10 +11,12 @@ import json
 import signal
 
 import pytest
+import ray
 from rich.console import Console
 
-from examples.bandit.job import run
-from rlinfra.driver import read_events, read_metrics
+from examples.bandit.job import Bandit, run
+from rlinfra.driver import JobConfigError, Run, read_events, read_metrics
+from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.runtime.supervision import SupervisionError
 from tests.examples.job_checks import assert_resources_released, job_config, read_tensorboard, sigkill
 
@@ -123,3 +125,26 @@ def test_a_failed_run_ends_every_batch_and_reports(cluster, tmp_path) -> None:
     report = json.loads((tmp_path / "failure.json").read_text())
     assert report["details"]["batches"]["open"] == 0
     assert_resources_released()
+
+
+def test_the_trainer_component_is_named_by_the_config(cluster, tmp_path) -> None:
+    """A job whose trainer is called ``trainer``: ``run.trainer`` says so, and the run places,
+    starts and checkpoints that component; nothing asks for an ``actor`` the user never wrote."""
+
+    class Renamed(Bandit):
+        components = ("trainer", "rollout")
+
+    cfg = bandit(tmp_path, "algo.iterations=2", "algo.target=2.0", "run.trainer=trainer")
+    placed = cfg.cluster.component_placement
+    placed["trainer"] = placed.pop("actor")
+    result = Run(Renamed(cfg), cfg, cluster=cluster).execute()
+    assert result.outcome == "budget" and set(result.placements) == {"trainer", "rollout"}
+    assert CheckpointStore(tmp_path).load_latest().payloads.keys() == {"trainer"}
+    assert_resources_released()
+
+
+def test_a_trainer_the_job_does_not_have_is_refused_before_ray_starts(tmp_path) -> None:
+    cfg = bandit(tmp_path, "run.trainer=actr")
+    with pytest.raises(JobConfigError, match=r"run.trainer: 'actr' is not a component of the bandit job; "):
+        Run(Bandit(cfg), cfg)
+    assert not ray.is_initialized()
