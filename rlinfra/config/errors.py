@@ -9,8 +9,9 @@ kinds of it; the CLI answers any of them with exit status 2.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,22 @@ def did_you_mean(key: str, allowed: Sequence[str]) -> str:
     one typo hint of every config error, rlinfra's sections and a job's alike."""
     nearest = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
     return f"did you mean {nearest[0]!r}?" if nearest else ""
+
+
+def reject_unknown(
+    section: Mapping[str, Any],
+    allowed: tuple[str, ...] | list[str],
+    where: str | None,
+    kind: str = "key",
+    error: type[ConfigError] = ConfigError,
+) -> None:
+    """A typo in a key would otherwise be silently ignored: name the first unknown key, and the
+    nearest valid one (``node_grups`` → ``node_groups``)."""
+    unknown = [str(key) for key in section if key not in allowed]
+    if unknown:
+        hint = did_you_mean(unknown[0], allowed)
+        raise error(
+            f"unknown {kind} {unknown[0]!r}" + (f"; {hint}" if hint else ""),
+            where=where,
+            expected="one of " + ", ".join(repr(name) for name in allowed),
+        )

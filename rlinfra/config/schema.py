@@ -15,14 +15,14 @@ A validator may raise a ``ConfigError`` itself (with a caret under the text it r
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from rlinfra.config.errors import ConfigError, JobConfigError, did_you_mean
+from rlinfra.config.errors import ConfigError, JobConfigError, did_you_mean, reject_unknown
+from rlinfra.config.plain import to_plain
 
 M = TypeVar("M", bound=BaseModel)
 _TYPE_NAMES = {bool: "true or false", int: "int", float: "float", str: "str"}
@@ -51,28 +51,6 @@ def _scalar(annotation: Any) -> Any:
     return args[0] if len(args) == 2 and args[1] is type(None) else annotation
 
 
-def to_plain(value: Any) -> Any:
-    """Resolve OmegaConf containers into dicts and lists; leave everything else as it is.
-
-    A broken interpolation (``${missing}``, an unset ``${oc.env:X}``) is bad input like any other,
-    so it becomes a ``ConfigError`` naming the key rather than OmegaConf's own exception.
-    OmegaConf is not imported here: a container of it exists only where it was (a worker process,
-    which parses nothing, never loads it).
-    """
-    omegaconf = sys.modules.get("omegaconf")
-    if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
-        try:
-            return omegaconf.OmegaConf.to_container(value, resolve=True)
-        except omegaconf.errors.OmegaConfBaseException as error:
-            problem = str(error.msg).splitlines()[0] if error.msg else type(error).__name__
-            raise ConfigError(
-                f"cannot resolve the config: {problem}",
-                where=error.full_key or "config",
-                expected="interpolations (${...}) that resolve",
-            ) from None
-    return value
-
-
 def parse(schema: type[M], raw: Any, where: str | None, error: type[ConfigError] = ConfigError) -> M:
     """``raw`` (a mapping or ``DictConfig``; None: every default) as ``schema``, or one ``error``
     naming the first mistake by its key path under ``where``."""
@@ -91,25 +69,6 @@ def parse_config(schema: type[M], cfg: Mapping[str, Any]) -> M:
     reject_unknown(cfg, ("cluster", "name", *schema.model_fields), None, "section", JobConfigError)
     sections = {name: {} if cfg.get(name) is None else cfg[name] for name in schema.model_fields}
     return parse(schema, sections, None, JobConfigError)
-
-
-def reject_unknown(
-    section: Mapping[str, Any],
-    allowed: tuple[str, ...] | list[str],
-    where: str | None,
-    kind: str = "key",
-    error: type[ConfigError] = ConfigError,
-) -> None:
-    """A typo in a key would otherwise be silently ignored: name the first unknown key, and the
-    nearest valid one (``node_grups`` → ``node_groups``)."""
-    unknown = [str(key) for key in section if key not in allowed]
-    if unknown:
-        hint = did_you_mean(unknown[0], allowed)
-        raise error(
-            f"unknown {kind} {unknown[0]!r}" + (f"; {hint}" if hint else ""),
-            where=where,
-            expected="one of " + ", ".join(repr(name) for name in allowed),
-        )
 
 
 def _explained(

@@ -37,13 +37,13 @@ from rlinfra.placement.config_access import (
     require_int,
 )
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
-from rlinfra.placement.env_vars import NO_ENV_VARS, EnvVars, parse_env_vars
+from rlinfra.placement.env_vars import ENV_NAME, NO_ENV_VARS, EnvVars, parse_env_vars
 from rlinfra.placement.errors import PlacementError, Span, plural
 from rlinfra.placement.grammar import bounded_int, comma_parts
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, parse_node_groups
 from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
 from rlinfra.placement.restart import RestartPolicy, parse_restart
-from rlinfra.placement.secret_specs import SecretSpec, parse_secret_specs
+from rlinfra.placement.secret_specs import SecretSpec
 
 MAX_NODES = 100_000
 MAX_ACCELERATORS_PER_NODE = 1024
@@ -341,6 +341,32 @@ def _counts_from_text(text: str, where: str, expected: str) -> list[int]:
             )
         counts.append(count)
     return counts
+
+
+class _Source(Section):
+    from_env: str | None = Field(default=None, min_length=1)
+    from_file: str | None = Field(default=None, min_length=1)
+    expose_as_env: bool = False
+
+
+def parse_secret_specs(raw: Any, where: str = "cluster.secrets") -> tuple[SecretSpec, ...]:
+    """The ``secrets`` mapping as specs (none if absent); schema errors are ``PlacementError``."""
+    if raw is None:
+        return ()
+    specs = []
+    for name, entry in as_mapping(raw, where).items():
+        entry_where = f"{where}.{name}"
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise PlacementError(f"bad secret name {name!r}", where=where, expected="a name like HF_TOKEN")
+        source = parse(_Source, entry, entry_where, PlacementError)
+        if (source.from_env is None) == (source.from_file is None):
+            raise PlacementError(
+                "a secret needs exactly one source",
+                where=entry_where,
+                expected="{from_env: VARIABLE} or {from_file: PATH}",
+            )
+        specs.append(SecretSpec(name, **source.model_dump()))
+    return tuple(specs)
 
 
 def _per_node(values: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...] | None:

@@ -12,8 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlinfra.config import Span, to_plain
-from rlinfra.config.schema import reject_unknown
+from rlinfra.config import Span, reject_unknown, to_plain
 from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.grammar import ALL, comma_parts, parse_rank_range
 

@@ -21,7 +21,7 @@ import ray
 
 from rlinfra import Cluster, ComponentPlacement, Worker
 from rlinfra.placement import PlacementError
-from rlinfra.placement.secret_specs import parse_secret_specs
+from rlinfra.placement.config import parse_secret_specs
 from rlinfra.runtime.hosting import WorkerContext
 from rlinfra.runtime.secrets import SecretError, SecretsChannel, read_secrets
 
