@@ -26,13 +26,11 @@ class Policy(WeightSender, Worker):
     def __init__(self, learning_rate: float) -> None:
         self.learning_rate, self.logits, self.version = learning_rate, torch.zeros(len(PAYOUTS)), 0
 
-    def setup(self, checkpoint: bytes | None, publish_above: int | None) -> int:
-        """Restore ``checkpoint()``'s bytes, if given; publish above ``publish_above`` (restarts)."""
+    def setup(self, checkpoint: bytes | None) -> int:
+        """Restore ``checkpoint()``'s bytes, if given; returns the version."""
         if checkpoint is not None:
             saved = torch.load(io.BytesIO(checkpoint), weights_only=True)
             self.logits, self.version = saved["logits"], int(saved["version"])
-        if publish_above is not None:
-            self.version = max(self.version, publish_above + 1)
         return self.version
 
     def weights_state(self) -> dict[str, torch.Tensor]:
@@ -110,7 +108,6 @@ class Bandit(Job):
         fresh = [b.value for b in run.fresh(batches, 1, lambda b: b.value["version"])]
         metrics = run.on_trainer(lambda: run.trainer.train(fresh).wait()[0])
         run.stage(metrics["weight_version"])  # prepared while the samplers keep pulling
-        run.tick()
         run.updated(metrics["batch_ids"])
         rewards = [r for batch in batches for r in batch.value["rewards"]]
         return {"mean_reward": sum(rewards) / len(rewards)}

@@ -127,7 +127,6 @@ class GRPOJob(Job):
         if not self.overlap:
             run.commit()  # into the engines, before they generate again
         accuracy = self._evaluate(run) if state.iteration % algo.eval_every == 0 or last else None
-        run.tick()
         if not self.overlap and not last:
             self._generate(run)
         tokens = sum(b.value["tokens"] for b in batches)

@@ -64,15 +64,13 @@ class ActorRole(Worker):
         self.policy, _ = load_pretrained(start_path)
         self.learner: Learner | None = None
 
-    def setup(self, reference: torch.nn.Module, checkpoint: bytes | None, publish_above: int | None) -> int:
+    def setup(self, reference: torch.nn.Module, checkpoint: bytes | None) -> int:
         self.learner = Learner(self.policy, self.config, reference=reference)
         if checkpoint is not None:
             saved = torch.load(io.BytesIO(checkpoint), weights_only=True)
             self.policy.load_state_dict(saved["policy"])
             self.learner.optimizer.load_state_dict(saved["optimizer"])
             self.learner.weight_version, self.learner.updates = int(saved["version"]), int(saved["updates"])
-        if publish_above is not None:  # a restarted trainer publishes above what is being served
-            self.learner.weight_version = max(self.learner.weight_version, publish_above + 1)
         return self.learner.weight_version
 
     def update(self, completions: Sequence[Completion], rewards: Sequence[float]) -> dict[str, float]:
@@ -133,11 +131,11 @@ class Policy(WeightSender, TimeShared, fuse(actor=ActorRole, ref=RefRole)):  # t
 
     collect_cycles_on_sleep = False  # sleep() frees by reference count; a collection costs ~0.2 s
 
-    def setup(self, checkpoint: bytes | None, publish_above: int | None = None) -> int:
+    def setup(self, checkpoint: bytes | None) -> int:
         """The actor's learner, with the reference role's model as its KL reference (in memory)."""
         actor, ref = self._actor(), self.role_instance("ref")
         assert isinstance(ref, RefRole)
-        return actor.setup(ref.model, checkpoint, publish_above)
+        return actor.setup(ref.model, checkpoint)
 
     def weights_state(self) -> Mapping[str, torch.Tensor]:
         return self._actor().weights()

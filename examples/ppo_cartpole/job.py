@@ -117,7 +117,6 @@ class PPOJob(Job):
             run.commit()
             if more:
                 self.start(run)
-        run.tick()
         run.updated(metrics.pop("batch_ids"))
         if math.isnan(state.first_mean_return):
             state.first_mean_return = state.mean_return

@@ -32,12 +32,11 @@ class ActorWorker(WeightSender, Worker):
         self.obs_dim, self.num_actions = obs_dim, num_actions
         self.learner: Learner | None = None
 
-    def setup(self, checkpoint_bytes: bytes | None = None, publish_above: int | None = None) -> int:
+    def setup(self, checkpoint_bytes: bytes | None = None) -> int:
         """Build the model and optimiser once the process group is up (the learner broadcasts rank
         0's parameters); restore a checkpoint (``checkpoint()``'s bytes, loaded ``weights_only``)
-        when given. Returns the weight version. ``publish_above``: after a trainer restart the
-        rollout workers serve a later version than the checkpoint's, so the restored weights are
-        published as the next version above it (versions only ever increase)."""
+        when given. Returns the weight version (the run publishes it above the one served after
+        a restart)."""
         torch.manual_seed(self.config.seed)
         checkpoint = None
         if checkpoint_bytes is not None:
@@ -50,8 +49,6 @@ class ActorWorker(WeightSender, Worker):
             self.learner.optimizer.load_state_dict(checkpoint["optimizer"])
             self.learner.weight_version = int(checkpoint["weight_version"])
             self.learner.updates = int(checkpoint["updates"])
-        if publish_above is not None:
-            self.learner.weight_version = max(self.learner.weight_version, publish_above + 1)
         return self.learner.weight_version
 
     def train(self, batch_refs: list[Any], fetch_timeout_s: float = 60.0) -> dict[str, Any]:

@@ -58,7 +58,8 @@ PLACEMENT_FILE = "placement.json"
 CURVE_FILE = "curve.png"
 StartTrainer = Callable[[bytes | None, int | None], int]
 """``start(checkpoint, publish_above)``: the trainer group (``run.trainer``) launched and restored
-from ``checkpoint`` (None: from scratch), its weight version above ``publish_above``; returns it."""
+from ``checkpoint`` (None: from scratch); returns the version its weights are published as, above
+``publish_above`` when given."""
 
 
 class Run(SupervisedSteps):
@@ -223,6 +224,7 @@ class Run(SupervisedSteps):
                     continue
                 if not self._updated:
                     raise RuntimeError(f"{type(job).__name__}.step returned without run.updated()")
+                self._tick()  # what the step did after its update (an evaluation) counts too
                 record = self._standard_record() | record
                 self.log.write(record)
                 show(record)
@@ -306,19 +308,24 @@ class Run(SupervisedSteps):
 
     def start_trainer(self, make: Callable[[], WorkerGroup], *, backend: str = "gloo") -> int:
         """Launch the trainer group ``make()`` as component ``run.trainer`` (``actor`` unless the
-        config says otherwise), bring up its process group and call its ``setup(checkpoint,
-        publish_above)`` (restored from the resumed checkpoint, if any); the same again, into the
-        same bundles, when it is restarted. Returns its weight version."""
+        config says otherwise), bring up its process group and call its ``setup(checkpoint)``
+        (restored from the resumed checkpoint, if any); the same again, into the same bundles,
+        when it is restarted. Returns the weight version its weights are published as.
+
+        The version rule is rlinfra's, not the trainer's: a trainer counts its own versions (and
+        checkpoints its count); the run publishes each as that count plus ``state.version_offset``,
+        which a restart raises so that the restored weights go out above the version being served
+        (versions only rise). ``stage`` takes the trainer's count."""
 
         def start(checkpoint: bytes | None, publish_above: int | None) -> int:
             if self.trainer is not None:
                 self._groups.remove(self.trainer)
             self.trainer = self.launch(self.settings.trainer, make())
             bring_up(self.trainer, backend=backend)
-            version = int(self.trainer.setup(checkpoint, publish_above).wait()[0])
+            restored = int(self.trainer.setup(checkpoint).wait()[0])
             if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
                 self.turns.rejoin(self.trainer)
-            return version
+            return self.state.published(restored, publish_above)
 
         self._restart_with = (
             start,
@@ -444,6 +451,7 @@ class Run(SupervisedSteps):
         iteration is done, and every ``run.checkpoint_every`` iterations (and at the last) the
         trainer and the state are saved."""
         state = self.state
+        self._tick()
         state.ledger.trained(batch_ids, iteration=state.iteration + 1)
         state.iteration += 1
         self._updated = True
@@ -457,8 +465,9 @@ class Run(SupervisedSteps):
         self._last_checkpoint = (payload, saved)
         self.store.save(self.state.iteration, {self.settings.trainer: payload}, saved)
 
-    def tick(self) -> None:
-        """Count the training seconds (across resumes) up to now."""
+    def _tick(self) -> None:
+        """Count the training seconds (across resumes) up to now: at each update (so that its
+        checkpoint has them) and at the end of each step."""
         now = time.perf_counter()
         self.state.training_s += now - self.clock
         self.clock = now
@@ -473,10 +482,12 @@ class Run(SupervisedSteps):
         """The trainer's weight version: the one staged, if any, else the one served."""
         return self.staged_version if self.staged_version is not None else self.served_version
 
-    def stage(self, version: int) -> None:
-        """Stage ``version`` on every receiver while they keep generating (``prepare``), and record
-        the trainer's log-probs of the probe under it (see ``probe``)."""
+    def stage(self, trained: int) -> None:
+        """Stage the trainer's version ``trained`` (published as ``trained + state.version_offset``,
+        see ``start_trainer``) on every receiver while they keep generating (``prepare``), and
+        record the trainer's log-probs of the probe under it (see ``probe``)."""
         assert self.sync is not None
+        version = self.state.published(trained)
         sync, probe = self.sync, self._probe
         self.sync_s["prepare_s"] = self.retried(lambda: sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version

@@ -23,11 +23,13 @@ from rlinfra.runtime.supervision import Restart
 class RunState:
     """Progress (checkpointed) and the run's own record (not)."""
 
-    CHECKPOINTED: ClassVar[tuple[str, ...]] = ("iteration", "training_s")
-    KEPT_ON_REWIND: ClassVar[tuple[str, ...]] = ("training_s",)  # counts the time actually spent
+    CHECKPOINTED: ClassVar[tuple[str, ...]] = ("iteration", "training_s", "version_offset")
+    # The time actually spent, and the offset a restart raised (the versions served stay served).
+    KEPT_ON_REWIND: ClassVar[tuple[str, ...]] = ("training_s", "version_offset")
 
     iteration: int = 0  # counted across resumes
     training_s: float = 0.0  # from the first batch to the last update, across resumes
+    version_offset: int = 0  # published version = the trainer's own count + this (see Run.start_trainer)
     served_versions: list[int] = field(default_factory=list)  # the receivers', after each sync
     batch_versions: list[list[int]] = field(default_factory=list)  # per iteration, per batch
     dropped_batches: int = 0  # too stale to train on
@@ -51,6 +53,13 @@ class RunState:
         del self.batch_versions[self.iteration :]
         self.ledger.dropped(self.ledger.open_ids)
         self.ledger.rolled_back(after_iteration=self.iteration)
+
+    def published(self, trained: int, above: int | None = None) -> int:
+        """The version the trainer's own count ``trained`` goes out as; after a restart, above the
+        version served (``above``): the offset rises to make it so, and never falls."""
+        if above is not None:
+            self.version_offset = max(self.version_offset, above + 1 - trained)
+        return trained + self.version_offset
 
     def checkpointed(self) -> dict[str, Any]:
         """The fields a resumed run continues from, as plain copies (the state goes on)."""
