@@ -10,7 +10,7 @@ report. It imports Ray: a job's driver needs it anyway.
 
 from rlinfra.config import JobConfigError, Section, parse_config
 from rlinfra.driver.entry import job_main, plot_curve
-from rlinfra.driver.job import Batch, Job, RunResult
+from rlinfra.driver.job import TRAINER_METHODS, Batch, Job, RunResult, TrainerContractError
 from rlinfra.driver.metrics import read_events, read_metrics
 from rlinfra.driver.module_entry import run_module
 from rlinfra.driver.run import Run
@@ -18,6 +18,7 @@ from rlinfra.driver.settings import RunSettings
 from rlinfra.driver.state import RunState
 
 __all__ = [
+    "TRAINER_METHODS",
     "Batch",
     "Job",
     "JobConfigError",
@@ -26,6 +27,7 @@ __all__ = [
     "RunSettings",
     "RunState",
     "Section",
+    "TrainerContractError",
     "job_main",
     "parse_config",
     "plot_curve",

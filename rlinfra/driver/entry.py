@@ -25,11 +25,12 @@ from rlinfra.runtime.timeshared import TimeSharingError
 from rlinfra.services.weights import WeightSyncError
 from rlinfra.services.weights.probe import LogprobMismatchError
 
-from .job import RunResult
+from .job import RunResult, TrainerContractError
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 USAGE_ERRORS = (
     ConfigError,
+    TrainerContractError,
     ClusterError,
     FileNotFoundError,
     CheckpointError,

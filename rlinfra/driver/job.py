@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlinfra.driver.metrics import METRICS_FILE, TENSORBOARD_DIR
+from rlinfra.services.weights import WeightSender
 
 from .settings import RunSettings
 from .state import RunState
@@ -22,6 +23,35 @@ if TYPE_CHECKING:
 
 SUMMARY_FILE = "summary.json"
 BUDGET, TARGET, INTERRUPTED, FAILED = "budget", "target", "interrupted", "failed"  # how a run ended
+
+
+# What ``Run`` calls on each rank of the trainer group (``run.trainer``), besides the job's own
+# methods; the version rule (above the version served, after a restart) is the run's.
+TRAINER_METHODS = {
+    "setup": "setup(checkpoint: bytes | None) -> int (build; restore checkpoint()'s bytes if given; "
+    "return the weight version)",
+    "checkpoint": "checkpoint() -> bytes (what setup restores)",
+    "weights_state": "weights_state() -> {name: tensor} (the weights each version publishes)",
+}
+
+
+class TrainerContractError(TypeError):
+    """A trainer class that lacks what ``Run`` calls on it, found before any process starts."""
+
+
+def check_trainer(worker_cls: type, component: str) -> None:
+    """``worker_cls`` keeps the trainer contract: a ``WeightSender`` with ``TRAINER_METHODS`` of
+    its own (``weights_state`` not the base's placeholder); else a ``TrainerContractError``
+    naming the class, the component and each thing it lacks."""
+    missing = [] if issubclass(worker_cls, WeightSender) else ["WeightSender among its bases"]
+    for name, what in TRAINER_METHODS.items():
+        method = getattr(worker_cls, name, None)
+        if not callable(method) or method is getattr(WeightSender, name, None):
+            missing.append(what)
+    if missing:
+        raise TrainerContractError(
+            f"{worker_cls.__name__}, the trainer ({component!r}), lacks: " + "; ".join(missing)
+        )
 
 
 class Job:

@@ -51,7 +51,7 @@ from rlinfra.views.node_view import node_loads
 from rlinfra.views.plan_view import render_plan
 
 from .entry import plot_curve
-from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult
+from .job import BUDGET, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, Batch, Job, RunResult, check_trainer
 from .supervised import Pending, SupervisedSteps
 
 PLACEMENT_FILE = "placement.json"
@@ -320,7 +320,9 @@ class Run(SupervisedSteps):
         def start(checkpoint: bytes | None, publish_above: int | None) -> int:
             if self.trainer is not None:
                 self._groups.remove(self.trainer)
-            self.trainer = self.launch(self.settings.trainer, make())
+            group = make()
+            check_trainer(group.worker_cls, self.settings.trainer)
+            self.trainer = self.launch(self.settings.trainer, group)
             bring_up(self.trainer, backend=backend)
             restored = int(self.trainer.setup(checkpoint).wait()[0])
             if self.turns is not None:  # a restarted trainer takes its predecessor's turns, asleep
