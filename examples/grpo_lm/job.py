@@ -40,7 +40,7 @@ from rlinfra.engines.vllm import VLLMSettings, VLLMSettingsError
 @dataclass
 class GRPOState(RunState):
     CHECKPOINTED: ClassVar = (*RunState.CHECKPOINTED, "warm_accuracy")
-    KEPT_ON_REWIND: ClassVar = ("training_s", "warm_accuracy")
+    KEPT_ON_REWIND: ClassVar = (*RunState.KEPT_ON_REWIND, "warm_accuracy")
 
     warm_accuracy: float | None = None  # held-out accuracy of the start checkpoint (iteration 0)
 

@@ -24,8 +24,7 @@ class RunState:
     """Progress (checkpointed) and the run's own record (not)."""
 
     CHECKPOINTED: ClassVar[tuple[str, ...]] = ("iteration", "training_s", "version_offset")
-    # The time actually spent, and the offset a restart raised (the versions served stay served).
-    KEPT_ON_REWIND: ClassVar[tuple[str, ...]] = ("training_s", "version_offset")
+    KEPT_ON_REWIND: ClassVar[tuple[str, ...]] = ("training_s",)  # counts the time actually spent
 
     iteration: int = 0  # counted across resumes
     training_s: float = 0.0  # from the first batch to the last update, across resumes
@@ -49,7 +48,7 @@ class RunState:
     def rewind(self, saved: Mapping[str, Any] | None) -> None:
         """Back to a checkpoint (or to the start) after a trainer restart: the batches in flight
         are dropped (made with the lost trainer's weights), those trained since are rolled back."""
-        self.load(saved, keep=self.KEPT_ON_REWIND)
+        self.load(saved, keep=(*self.KEPT_ON_REWIND, "version_offset"))  # what was served stays served
         del self.batch_versions[self.iteration :]
         self.ledger.dropped(self.ledger.open_ids)
         self.ledger.rolled_back(after_iteration=self.iteration)

@@ -99,9 +99,9 @@ class SupervisedSteps:
         """Every rank's batch, in rank order. One cut short by a dead worker is never used: its id
         is lost, the dead are replaced, and the batch is made again under a new id; the batches
         that finished are kept and the calls still running are waited for. A call issued before a
-        recovery finished may fail on a worker that recovery already replaced: it is made again
-        too, with nobody left to replace (a rank that died after it is replaced first). A rank
-        the recovery dropped makes nothing more."""
+        recovery finished may fail on a worker that recovery already replaced (or on a peer it
+        replaced or dropped: an env worker's rollout worker): it is made again too, with nobody
+        left to replace. A rank the recovery dropped makes nothing more."""
         done: dict[int, Any] = {}
         calls = [pending.call]
         while calls:
@@ -111,8 +111,9 @@ class SupervisedSteps:
             except WorkerGroupError as error:
                 done.update(error.results)
                 self.state.ledger.lost(pending.ids[rank] for rank in error.failed_ranks)
-                if not set(error.failed_ranks) <= self._recovered_since(pending.group.name, call.issued):
-                    self.heal(error)  # unless each failed on a worker a later recovery took care of
+                recoveries = self.state.recoveries
+                if not recoveries or recoveries[-1].finished_monotonic <= call.issued:
+                    self.heal(error)  # unless a recovery finished after this call was issued
                 if error.pending:
                     calls.append(call.subset(error.pending))
                 running = [rank for rank in error.failed_ranks if rank in pending.group.ranks]
@@ -122,13 +123,6 @@ class SupervisedSteps:
                     calls.append(again.call)
         self._in_flight.remove(pending)
         return [Batch(rank, pending.ids[rank], done[rank]) for rank in sorted(done)]
-
-    def _recovered_since(self, group: str, issued: float) -> set[int]:
-        """The ranks of ``group`` replaced or dropped by recoveries that finished after ``issued``:
-        a call issued before them may fail on their old workers, with nobody left to replace."""
-        later = [recovery for recovery in self.state.recoveries if recovery.finished_monotonic > issued]
-        replaced = {r.rank for recovery in later for r in recovery.restarts if r.component == group}
-        return replaced | {rank for recovery in later for name, rank in recovery.dropped if name == group}
 
     def lost(self, batches: Iterable[Batch]) -> None:
         """Batches whose maker died after making them (the trainer could not use them): their ids

@@ -28,3 +28,14 @@ def test_a_resume_and_a_rewind_keep_the_offset() -> None:
     state.published(1, above=20)  # a restart from an older checkpoint, then the state rewinds to it
     state.rewind(saved)
     assert state.published(2) == 22
+
+
+def test_a_job_state_that_keeps_its_own_fields_on_rewind_keeps_the_offset_too() -> None:
+    class JobState(RunState):
+        KEPT_ON_REWIND = ("training_s", "warm_accuracy")  # the base's offset not listed
+
+    state = JobState()
+    saved = state.checkpointed()
+    state.published(1, above=9)
+    state.rewind(saved)
+    assert state.published(2) == 11
