@@ -38,8 +38,9 @@ class Section(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _switches_are_not_numbers(cls, data: Any) -> Any:
+        fields = {spec.alias or name: spec for name, spec in cls.model_fields.items()}  # as written
         for name, value in data.items() if isinstance(data, Mapping) else ():
-            wanted = _scalar(cls.model_fields[name].annotation) if name in cls.model_fields else None
+            wanted = _scalar(fields[name].annotation) if name in fields else None
             if wanted in (bool, int, float) and isinstance(value, bool) != (wanted is bool):
                 raise ConfigError(f"expected {_TYPE_NAMES[wanted]}, got {value!r}", where=str(name))
         return data

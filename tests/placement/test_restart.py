@@ -15,6 +15,7 @@ from rlinfra.placement.restart import DEFAULT_RESTART, RestartPolicy
     [
         ({"mx": 3}, "did you mean 'max'"),
         ({"max": -1}, "got -1; expected at least 0"),
+        ({"max": True}, "max: expected int, got True"),  # a switch is no count, under its YAML name too
         ({"within_s": 0}, "got 0; expected above 0 (the window the restarts are counted in)"),
         (3, "expected a mapping, got 3"),
     ],
