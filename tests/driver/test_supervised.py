@@ -125,6 +125,30 @@ def test_a_call_issued_before_a_recovery_that_fails_on_a_replaced_worker_is_reis
     check_ids(steps, batches, first)
 
 
+def test_a_call_that_failed_on_a_peer_the_recovery_took_care_of_is_made_again_without_a_heal():
+    """An env worker's call, issued before a recovery, fails because the worker it talked to died
+    (its own process is fine): the recovery that followed took care of that, so the batch is made
+    again and the run goes on; a heal would find nobody gone and stop the run."""
+    steps, env, _ = driver()
+    a = steps.generate(env, "collect", collect)
+    b = steps.generate(env, "collect", collect)
+    env.kill(1)
+    first = steps.gather(a)  # the recovery: rank 1 replaced
+    env.raising[0] = "RuntimeError: env:0: a rollout worker of rollout:1 died"
+    waits: list[list[int]] = []
+
+    def peer_back(call: FakeCall) -> None:
+        waits.append(list(call.ranks))
+        if len(waits) == 2:  # the batch made again: the peer answers now
+            env.raising.clear()
+
+    env.before_wait = peer_back
+    batches = steps.gather(b)
+    assert len(steps.state.recoveries) == 1 and len(env.restarts) == 1  # no second heal
+    assert waits == [[0, 1, 2], [0, 1]] and [batch.rank for batch in batches] == [0, 1, 2]
+    check_ids(steps, batches, first)
+
+
 def test_the_race_guard_does_not_hide_a_death_after_the_recovery():
     steps, env, _ = driver()
     a = steps.generate(env, "collect", collect)
