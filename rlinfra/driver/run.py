@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlinfra.config import JobConfigError, did_you_mean
-from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.driver.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.driver.failure_report import FailureReport
 from rlinfra.driver.metrics import MetricsLog, read_metrics
 from rlinfra.driver.signals import CtrlC, sigint_ignored
@@ -102,6 +102,11 @@ class Run(SupervisedSteps):
         # The trainer's payload and the driver's state a restart goes back to (none: the start).
         self._last_checkpoint: tuple[bytes | None, dict[str, Any] | None] = (None, None)
         if saved is not None:
+            if self.settings.trainer not in saved.payloads:
+                raise CheckpointError(
+                    f"--resume: the checkpoint in {self.output / 'checkpoints'} holds the state of "
+                    f"{', '.join(map(repr, saved.payloads))}, not of run.trainer {self.settings.trainer!r}"
+                )
             self._last_checkpoint = (saved.payloads[self.settings.trainer], saved.state)
             self.state.load(saved.state)
         # Iterations logged after the checkpoint are redone: the log continues from it.

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.driver.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.driver.failure_report import failed_ranks
 from rlinfra.driver.job import BUDGET, TARGET, Batch, Job
 from rlinfra.driver.metrics import read_events, read_metrics
@@ -243,3 +243,14 @@ def test_the_failure_report_names_the_ranks_of_each_kind_of_error():
     assert [(f.component, f.rank, f.reason) for f in failed_ranks(wrapped)] == [
         ("rollout", 3, "the worker process died")
     ]
+
+
+def test_resuming_under_another_trainer_name_is_refused_naming_both(tmp_path):
+    run, _, _ = make_run(tmp_path, total=2)
+    assert run._iterate() == BUDGET
+    finish(run)
+    renamed = LoopJob(tmp_path, 2)
+    renamed.components = ("learner", *renamed.components)
+    renamed.settings = renamed.settings.model_copy(update={"trainer": "learner"})
+    with pytest.raises(CheckpointError, match=r"holds the state of 'actor', not of run.trainer 'learner'"):
+        Run(renamed, {}, resume=True)
