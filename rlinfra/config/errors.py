@@ -83,9 +83,20 @@ def reject_unknown(
     nearest valid one (``node_grups`` → ``node_groups``)."""
     unknown = [str(key) for key in section if key not in allowed]
     if unknown:
-        hint = did_you_mean(unknown[0], allowed)
-        raise error(
-            f"unknown {kind} {unknown[0]!r}" + (f"; {hint}" if hint else ""),
-            where=where,
-            expected="one of " + ", ".join(repr(name) for name in allowed),
-        )
+        raise unknown_key(unknown[0], allowed, where, kind, error)
+
+
+def unknown_key(
+    key: str,
+    allowed: Sequence[str],
+    where: str | None,
+    kind: str = "key",
+    error: type[ConfigError] = ConfigError,
+) -> ConfigError:
+    """The one error of an unknown key: named, with the nearest valid one and every valid one."""
+    hint = did_you_mean(key, allowed)
+    return error(
+        f"unknown {kind} {key!r}" + (f"; {hint}" if hint else ""),
+        where=where,
+        expected="one of " + ", ".join(repr(name) for name in allowed),
+    )

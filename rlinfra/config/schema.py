@@ -21,7 +21,7 @@ from typing import Any, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from rlinfra.config.errors import ConfigError, JobConfigError, did_you_mean, reject_unknown
+from rlinfra.config.errors import ConfigError, JobConfigError, reject_unknown, unknown_key
 from rlinfra.config.plain import to_plain
 
 M = TypeVar("M", bound=BaseModel)
@@ -86,13 +86,8 @@ def _explained(
         return kind(raised.problem, where=where, text=raised.text, span=raised.span, expected=raised.expected)
     kind, given = detail["type"], detail.get("input")
     if kind == "extra_forbidden":
-        allowed = tuple(spec.alias or name for name, spec in _model_at(schema, loc[:-1]).model_fields.items())
-        hint = did_you_mean(str(loc[-1]), allowed)
-        return error(
-            f"unknown key {loc[-1]!r}" + (f"; {hint}" if hint else ""),
-            where=_path(where, loc[:-1]),
-            expected="one of " + ", ".join(repr(name) for name in allowed),
-        )
+        allowed = [spec.alias or name for name, spec in _model_at(schema, loc[:-1]).model_fields.items()]
+        return unknown_key(str(loc[-1]), allowed, _path(where, loc[:-1]), error=error)
     field = _field_at(schema, loc)
     if kind == "missing":
         wanted = f"{loc[-1]}: {field.description}" if field is not None and field.description else None

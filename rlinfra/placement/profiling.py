@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rlinfra.config import ConfigError, Section, Span, parse
+from rlinfra.config.errors import unknown_key
 from rlinfra.placement.env_vars import ENV_NAME, refuse_credential
 from rlinfra.placement.errors import PlacementError
 
@@ -87,10 +88,10 @@ class ProfilingConfig(Section):
         if backend not in BACKENDS:
             expected = str(cls.model_fields["backend"].description)
             raise ConfigError(f"unknown profiling backend {backend!r}", where="backend", expected=expected)
-        allowed = [key for key in cls.model_fields if key not in _BACKEND_FIELDS[_other(backend)]]
-        for key in data:
-            if key in _BACKEND_FIELDS[_other(backend)]:
-                raise ConfigError(f"unknown key {key!r}", expected="one of " + ", ".join(map(repr, allowed)))
+        others = [key for key in data if key in _BACKEND_FIELDS[_other(backend)]]
+        if others:  # the other backend's keys (any other unknown key is the schema's to name)
+            allowed = [key for key in cls.model_fields if key not in _BACKEND_FIELDS[_other(backend)]]
+            raise unknown_key(others[0], allowed, None)
         if "steps" in data:
             raise _steps_refused(backend)
         return data
