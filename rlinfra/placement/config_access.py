@@ -111,13 +111,8 @@ def as_section(
 ) -> dict[str, Any]:
     """A config mapping whose keys are all among ``allowed``."""
     section = as_mapping(raw, where, expected)
-    reject_unknown_keys(section, allowed, where)
+    reject_unknown(section, tuple(allowed), where, error=PlacementError)
     return section
-
-
-def reject_unknown_keys(section: Mapping[str, Any], allowed: Sequence[str], where: str | None) -> None:
-    """An unknown key of rlinfra's own sections, named with the nearest valid one."""
-    reject_unknown(section, tuple(allowed), where, "key", PlacementError)
 
 
 def parse_rank_list(
