@@ -38,7 +38,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the job lives in examples/, which is not an installed package
 
-from examples.ppo_cartpole.job import run  # noqa: E402
+from examples.ppo_cartpole.job import PPOJob  # noqa: E402
 from rlinfra import Cluster, ComponentPlacement  # noqa: E402
 from rlinfra.config.loading import load_config  # noqa: E402
 from rlinfra.driver import RunResult  # noqa: E402
@@ -118,7 +118,7 @@ class Chaos:
             self._started = time.time()
             self._thread = threading.Thread(target=self._loop, name="chaos", daemon=True)
             self._thread.start()
-        if record["mean_return"] >= self.target_return:  # run() returns now: no kill during teardown
+        if record["mean_return"] >= self.target_return:  # PPOJob.run() returns now: no kill during teardown
             self._stop.set()
         with self._ended:
             self._iterations += 1
@@ -210,7 +210,7 @@ def attempt(cfg: DictConfig, cluster: Cluster, chaos: Chaos | None) -> tuple[Run
     still happen and the JSON still comes."""
     try:
         hook = chaos.on_iteration if chaos is not None else None
-        return run(cfg, cluster=cluster, console=Console(quiet=True), on_iteration=hook), None
+        return PPOJob.run(cfg, cluster=cluster, console=Console(quiet=True), on_iteration=hook), None
     except Exception as error:
         traceback.print_exc(file=sys.stdout)
         sys.stdout.flush()

@@ -151,12 +151,12 @@ def engines_alone(
                 tokens, seconds = 0, 0.0
                 for index in range(repeats + 1):
                     prompts = sampler.sample(config.prompts_per_step)
-                    shares = [(prompts[i :: len(ranks)], index) for i in range(len(ranks))]
+                    shares = [(f"{name}:{i}", prompts[i :: len(ranks)], index) for i in range(len(ranks))]
                     started = time.perf_counter()
                     done = group.call(VLLMRolloutWorker.generate, ranks, per_rank=shares).wait()
                     if index:
                         seconds += time.perf_counter() - started
-                        tokens += sum(batch["tokens"] for batch in done)
+                        tokens += sum(batch.payload["tokens"] for batch in done)
                 figures[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
             group.shutdown()
     return figures

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from examples.grpo_lm.lm.config import GRPOConfig
 from rlinfra import driver
@@ -71,7 +71,7 @@ class JobAlgo(GRPOConfig):
     max_staleness: Literal[0, 1] = 1
 
 
-class JobConfig(BaseModel):
+class JobConfig(driver.JobConfig):
     algo: JobAlgo
     model: ModelSettings
     engine: EngineSettings
@@ -80,7 +80,11 @@ class JobConfig(BaseModel):
 
 def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
     """The whole config checked and typed; ``vllm`` is checked to be installed here, before Ray starts."""
-    job = parse_config(JobConfig, cfg)
+    return check_job_config(parse_config(JobConfig, cfg), cfg)
+
+
+def check_job_config(job: JobConfig, cfg: Mapping[str, Any]) -> JobConfig:
+    """What no one section can check alone: keys that contradict each other, and vLLM installed."""
     built = [str(key) for key in (cfg.get("algo") or {}) if str(key) in BUILT_LOCALLY]
     if job.model.path and built:
         raise JobConfigError(

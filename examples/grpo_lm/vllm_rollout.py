@@ -16,6 +16,7 @@ from typing import Any
 from examples.grpo_lm.lm.completion import Completion
 from examples.grpo_lm.lm.config import GRPOConfig
 from examples.grpo_lm.lm.task import exact_match
+from rlinfra.driver import Batch
 from rlinfra.engines.vllm import VLLMEngine, VLLMSettings
 
 
@@ -65,18 +66,18 @@ class VLLMRolloutWorker(VLLMEngine):
         super().__init__(VLLMSettings(model=start_path, seed=self.config.seed, **settings))
         self.sampler = VLLMSampler(self, AutoTokenizer.from_pretrained(start_path, local_files_only=True))
 
-    def generate(self, prompts: Sequence[str], seed: int) -> dict[str, Any]:
+    def generate(self, batch_id: str, prompts: Sequence[str], seed: int) -> Batch:
         cfg, started = self.config, time.perf_counter()
         completions = self.sampler.generate(
             prompts, cfg.group_size, cfg.max_new_tokens, temperature=cfg.temperature, seed=seed
         )
-        return {
+        made = {
             "completions": completions,
-            "version": completions[0].weight_version,  # one call, one version: sample stamps it on each
             "tokens": sum(len(c.completion_ids) for c in completions),
             "cache_dropped": True,  # vLLM's prefix cache is reset by every swap (weights_loaded)
             "seconds": time.perf_counter() - started,
         }
+        return Batch(batch_id, completions[0].weight_version, made)  # one call, one version: stamped on each
 
     def evaluate(self, prompts: Sequence[str]) -> tuple[int, float]:
         """Greedy held-out exact match at the serving version: (version, accuracy)."""

@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from examples.grpo_lm.lm.config import GRPOConfig
-from examples.grpo_lm.lm.engine import Completion, GenerationEngine
+from examples.grpo_lm.lm.engine import GenerationEngine
 from examples.grpo_lm.lm.grpo import sequence_logprobs
 from examples.grpo_lm.lm.learner import Learner, frozen_copy
 from examples.grpo_lm.lm.model import load_pretrained
 from examples.grpo_lm.lm.rollout import evaluate
 from rlinfra import EngineReceiver, TimeShared, WeightSender, Worker, fuse
+from rlinfra.driver import Batch, Update
 
 
 def _device(worker: Worker) -> str:
@@ -73,9 +74,12 @@ class ActorRole(Worker):
             self.learner.weight_version, self.learner.updates = int(saved["version"]), int(saved["updates"])
         return self.learner.weight_version
 
-    def update(self, completions: Sequence[Completion], rewards: Sequence[float]) -> dict[str, float]:
-        """One GRPO update from the whole batch (each rank trains on its strided shard)."""
-        return self._learner().update(completions, rewards)
+    def update(self, batches: Sequence[Batch], rewards: Sequence[float]) -> Update:
+        """One GRPO update from every batch's completions, in order, with ``rewards`` one per
+        completion (each rank trains on its strided shard)."""
+        completions = [c for batch in batches for c in batch.payload["completions"]]
+        metrics = self._learner().update(completions, rewards)
+        return Update(int(metrics.pop("weight_version")), [batch.id for batch in batches], metrics)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return dict(self.policy.state_dict())
@@ -188,7 +192,7 @@ class RolloutWorker(EngineReceiver, TimeShared):
             return sequence_logprobs(self.engine.model, sequences, self.engine.pad_id)
 
     # ------------------------------------------------------------------------- generation
-    def generate(self, prompts: Sequence[str], seed: int) -> dict[str, Any]:
+    def generate(self, batch_id: str, prompts: Sequence[str], seed: int) -> Batch:
         """G completions per prompt, each stamped with the version that made it (one per call)."""
         cfg = self.config
         started = time.perf_counter()
@@ -200,13 +204,8 @@ class RolloutWorker(EngineReceiver, TimeShared):
         for completion in completions:
             completion.weight_version = weights.version
         tokens = sum(len(c.completion_ids) for c in completions)
-        return {
-            "completions": completions,
-            "version": weights.version,
-            "tokens": tokens,
-            "cache_dropped": cache_dropped,
-            "seconds": time.perf_counter() - started,
-        }
+        made = {"completions": completions, "tokens": tokens, "cache_dropped": cache_dropped}
+        return Batch(batch_id, weights.version, made | {"seconds": time.perf_counter() - started})
 
     def evaluate(self, prompts: Sequence[str]) -> tuple[int, float]:
         """Greedy held-out exact match at the serving version: (version, accuracy)."""

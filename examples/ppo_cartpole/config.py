@@ -1,22 +1,19 @@
 """The job's own config sections, parsed once into typed records before Ray starts.
 
-``algo`` and ``run`` are declared sections (``PPOConfig``, ``RunSettings``) parsed by
-``rlinfra.driver.parse_config`` (one ``JobConfigError`` per mistake, named by key). ``cluster``
+``algo`` and ``run`` are declared sections (``PPOConfig``, ``RunSettings``), parsed when the job is
+made (``rlinfra.driver.Job``: one ``JobConfigError`` per mistake, named by key). ``cluster``
 is rlinfra's: ``Cluster`` and ``ComponentPlacement`` parse it. Every other top-level key but
 ``name`` is refused, with the nearest section named: nothing a user writes is ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.ppo.envs import discrete_spaces
 from rlinfra import driver
-from rlinfra.driver import JobConfigError, parse_config
+from rlinfra.driver import JobConfigError
 
 
 class RunSettings(driver.RunSettings):
@@ -26,16 +23,11 @@ class RunSettings(driver.RunSettings):
     request_timeout_s: float = Field(60.0, gt=0)  # for one batch of actions
 
 
-class JobConfig(BaseModel):
+class JobConfig(driver.JobConfig):
     """Every section the job reads, typed."""
 
     algo: PPOConfig
     run: RunSettings
-
-
-def parse_job_config(cfg: Mapping[str, Any]) -> JobConfig:
-    """The whole config checked and typed: unknown sections refused, ``algo`` and ``run`` parsed."""
-    return parse_config(JobConfig, cfg)
 
 
 def env_spaces(env_id: str) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from examples.ppo_cartpole.ppo.buffer import PolicyOutput, RolloutBuffer
 from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.ppo.envs import VectorEnv
 from rlinfra import Worker
+from rlinfra.driver import Batch
 
 
 class MixedVersionError(RuntimeError):
@@ -49,7 +50,7 @@ class EnvWorker(Worker):
         self.splits = np.array_split(np.arange(self.envs.num_envs), len(policies))
         return [name for name, _ in policies]
 
-    def collect(self, batch_id: str = "") -> dict[str, Any]:
+    def collect(self, batch_id: str = "") -> Batch:
         """One rollout of ``num_steps`` vector steps. Returns a reference to the GAE-ready batch,
         stamped with the driver's ``batch_id`` and the one weight version every action and value
         of it came from, and the episodes that ended. A rollout cut short (a rollout worker died
@@ -84,13 +85,12 @@ class EnvWorker(Worker):
         returns = list(self.envs.episode_returns)[-finished:] if finished else []
         # The batch goes to the object store and only its reference to the driver: the actor ranks
         # fetch it from here directly (env → actor), the driver sees just the summary.
-        return {
-            "batch": ray.put(batch),
+        summary = {
+            "rollout": ray.put(batch),
             "transitions": batch.num_transitions,
             "episode_returns": returns,
-            "versions": [batch.weight_version],
-            "batch_id": batch_id,
         }
+        return Batch(batch_id, batch.weight_version, summary)
 
     def _request(self, method: str, obs: np.ndarray) -> tuple[Any, int]:
         """Send each rollout worker its slice of ``obs`` at once; join the answers in env order.

@@ -12,6 +12,9 @@ With ``max_staleness: 0`` the loop is strictly on-policy: collect, train, update
 checkpoints, ``--resume``, metrics and Ctrl-C are the driver's (``rlinfra.driver.Run``).
 
     rlinfra run examples/ppo_cartpole/disaggregated.yaml [algo.iterations=50 ...] [--resume]
+
+or in Python, ``PPOJob.run(cfg)`` (``rlinfra.driver.Run``'s options: ``resume``, ``cluster``,
+``console``, ``on_iteration``, ``between_batches``: e.g. ``run.resize("rollout", remove=[1])``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from examples.ppo_cartpole.config import JobConfig, env_spaces, parse_job_config
+from examples.ppo_cartpole.config import JobConfig, env_spaces
 from examples.ppo_cartpole.env_worker import EnvWorker
 from examples.ppo_cartpole.rollout_worker import RolloutWorker
 from examples.ppo_cartpole.workers import ActorWorker
-from rlinfra.driver import Batch, Job, Run, RunResult, RunState, job_main
+from rlinfra import WorkerGroup
+from rlinfra.driver import Job, Run, RunResult, RunState
 
 
 @dataclass
@@ -45,29 +49,46 @@ class PPOState(RunState):
 
 
 class PPOJob(Job):
-    title, components, target_key = "PPO", ("actor", "rollout", "env"), "mean_return"
+    title, components, target_key, Config = "PPO", ("actor", "rollout", "env"), "mean_return", JobConfig
 
-    def __init__(self, job: JobConfig) -> None:
-        self.job, self.algo, self.settings, self.total = job, job.algo, job.run, job.algo.iterations
-        self.state = PPOState(window=job.algo.return_window)
-        self.spaces = env_spaces(job.algo.env_id)  # a wrong env id fails here, before Ray starts
-        self.overlap = job.algo.max_staleness >= 1
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__(cfg)
+        self.algo = self.config.algo
+        self.state = PPOState(window=self.algo.return_window)
+        self.spaces = env_spaces(self.algo.env_id)  # a wrong env id fails here, before Ray starts
         self.connected: dict[int, list[int]] = {}  # env rank -> the rollout ranks it talks to
 
-    def launch(self, run: Run) -> None:
-        algo, (obs_dim, actions) = self.algo, self.spaces
-        envs = run.share(self.algo.num_envs, "env", "algo.num_envs")  # envs per env worker
+    def loop(self, run: Run) -> None:
+        algo, (obs_dim, actions), state = self.algo, self.spaces, self.state
+        envs = run.per_rank(algo.num_envs, "env", "algo.num_envs")  # envs per env worker
         self.env = run.launch("env", EnvWorker.create_group(algo, envs, self.settings.request_timeout_s))
-        version = run.start_trainer(lambda: ActorWorker.create_group(algo, obs_dim, actions))
+        actor = run.start_trainer(lambda: ActorWorker.create_group(algo, obs_dim, actions))
         self.rollout = run.launch(
             "rollout", RolloutWorker.create_group(algo, obs_dim, actions), max_concurrency=2
         )
-        run.connect_weights(
-            self.rollout, version, lambda actor: actor.execute_on(0).export_weights().wait()[0]
-        )
         self._connect(self.env.ranks)
         # PPO can go on with fewer rollout workers (the env workers share the rest), not fewer envs.
-        run.supervise([self.rollout, self.env], self._rewire, shrinkable=[self.rollout])
+        run.supervise(self._rewire, shrinkable=[self.rollout])
+        rollouts, overlap = run.batches(self.env, EnvWorker.collect), algo.max_staleness >= 1
+        for step in run.steps(algo.iterations):
+            clock, self.in_sync = time.perf_counter(), None
+            batches = rollouts.gather()
+            collect_s, clock = time.perf_counter() - clock, time.perf_counter()
+            if overlap:
+                run.commit()  # between rollouts: nothing in flight, no batch can mix versions
+                if not step.last:
+                    rollouts.issue()  # on the newest weights, while the actor trains
+            state.returns.extend(episode for b in batches for episode in b.payload["episode_returns"])
+            state.env_steps += sum(b.payload["transitions"] for b in batches)
+            step.train(actor.train, step.drop_stale(batches, algo.max_staleness))  # v+1 staged meanwhile
+            train_s = time.perf_counter() - clock
+            if not overlap:
+                run.commit()
+                if not step.last:
+                    rollouts.issue()
+            if math.isnan(state.first_mean_return):
+                state.first_mean_return = state.mean_return
+            step.log(**self._record(run, collect_s, train_s))
 
     def _rollouts_of(self, env_rank: int) -> list[int]:
         """Each env worker talks to its share of the running rollout workers."""
@@ -95,58 +116,18 @@ class PPOJob(Job):
             ]
         )
 
-    def start(self, run: Run) -> None:
-        self.pending = run.generate(self.env, EnvWorker.collect, lambda rank, batch_id: (batch_id,))
-
-    def step(self, run: Run) -> dict[str, Any]:
-        state, clock, self.in_sync = self.state, time.perf_counter(), None
-        rollouts = run.gather(self.pending)
-        collect_s, clock = time.perf_counter() - clock, time.perf_counter()
-        run.commit()  # between rollouts: nothing in flight, no batch can mix versions
-        more = state.iteration + 1 < self.total
-        if self.overlap and more:
-            self.start(run)  # on the newest weights, while the actor trains
-        fresh = run.fresh(rollouts, self.algo.max_staleness, lambda b: b.value["versions"][0])
-        state.returns.extend(episode for b in rollouts for episode in b.value["episode_returns"])
-        state.env_steps += sum(b.value["transitions"] for b in rollouts)
-        metrics = self._train(run, fresh) or {"batch_ids": []}
-        if "weight_version" in metrics:  # prepared while the env workers keep collecting
-            run.stage(int(metrics.pop("weight_version")))
-        train_s = time.perf_counter() - clock
-        if not self.overlap:
-            run.commit()
-            if more:
-                self.start(run)
-        run.updated(metrics.pop("batch_ids"))
-        if math.isnan(state.first_mean_return):
-            state.first_mean_return = state.mean_return
-        learned = {key: round(value, 5) for key, value in metrics.items()}
-        return self._record(run, learned, collect_s, train_s)
-
-    def _train(self, run: Run, rollouts: list[Batch]) -> dict[str, Any] | None:
-        """One update; a rollout whose env worker died after making it is lost (the worker
-        replaced) and the update made on the others. None when every one was lost."""
-        while rollouts:
-            refs = [b.value["batch"] for b in rollouts]
-            metrics: dict[str, Any] = run.on_trainer(lambda refs=refs: run.trainer.train(refs).wait()[0])
-            if "lost" not in metrics:
-                return metrics
-            run.lost([rollouts[index] for index in metrics["lost"]])  # and their dead makers replaced
-            rollouts = [b for index, b in enumerate(rollouts) if index not in set(metrics["lost"])]
-        return None
-
-    def trainer_state(self, run: Run) -> bytes:
+    def trainer_state(self, run: Run, group: WorkerGroup) -> bytes:
         """Data parallelism must keep every actor rank bit-identical (rank 0 alone is saved)."""
-        digests = run.on_trainer(lambda: run.trainer.parameters_digest().wait())
+        digests = run.call_trainer(lambda: group.parameters_digest().wait())
         if len(set(digests)) != 1:
             raise RuntimeError(
                 f"actor replicas diverged at iteration {self.state.iteration}: parameter digests "
                 + ", ".join(f"rank {rank}: {digest[:12]}" for rank, digest in enumerate(digests))
             )
         self.in_sync = True
-        return super().trainer_state(run)
+        return super().trainer_state(run, group)
 
-    def _record(self, run: Run, learned: dict[str, Any], collect_s: float, train_s: float) -> dict[str, Any]:
+    def _record(self, run: Run, collect_s: float, train_s: float) -> dict[str, Any]:
         state, sync_s = self.state, run.sync_s
         return {
             "env_steps": state.env_steps,
@@ -158,7 +139,7 @@ class PPOJob(Job):
             "sync_s": round(sync_s["prepare_s"] + sync_s["pause_s"], 4),
             "steps_per_s": round(state.env_steps / max(state.training_s, 1e-9), 1),
             "replicas_in_sync": getattr(self, "in_sync", None),
-        } | learned
+        }
 
     def target(self) -> float:
         return self.algo.target_return
@@ -181,14 +162,3 @@ class PPOJob(Job):
             f"mean return {state.mean_return:.1f} over the last {self.algo.return_window} episodes | "
             f"{state.env_steps} env steps | {state.env_steps / max(state.training_s, 1e-9):.0f} steps/s"
         ]
-
-
-def run(cfg: Mapping[str, Any], **options: Any) -> RunResult:
-    """Place, launch and train: ``rlinfra.driver.Run``'s options (``resume``, ``cluster``,
-    ``console``, ``on_iteration``, ``between_batches``: e.g. ``run.resize("rollout", remove=[1])``)."""
-    return Run(PPOJob(parse_job_config(cfg)), cfg, **options).execute()
-
-
-def main(cfg: Mapping[str, Any], *, resume: bool = False) -> int:
-    """What ``rlinfra run`` calls: run, report, the exit status."""
-    return job_main(run, cfg, resume=resume)

@@ -9,9 +9,7 @@ Everything that is not placement, launch or weight movement is the Ray-free PPO 
 from __future__ import annotations
 
 import io
-from typing import Any
 
-import numpy as np
 import ray
 import torch
 
@@ -19,10 +17,10 @@ from examples.ppo_cartpole.ppo.buffer import RolloutBatch
 from examples.ppo_cartpole.ppo.config import PPOConfig
 from examples.ppo_cartpole.ppo.learner import Learner
 from examples.ppo_cartpole.ppo.policy import ActorCritic
-from rlinfra import WeightSender, Worker
+from rlinfra.driver import Batch, Trainer, Update
 
 
-class ActorWorker(WeightSender, Worker):
+class ActorWorker(Trainer):
     """One data-parallel rank of the trainer. Every rank gets the whole batch and trains on its own
     strided shard; gradients are averaged, so the replicas stay identical and rank 0 publishes."""
 
@@ -51,30 +49,29 @@ class ActorWorker(WeightSender, Worker):
             self.learner.updates = int(checkpoint["updates"])
         return self.learner.weight_version
 
-    def train(self, batch_refs: list[Any], fetch_timeout_s: float = 60.0) -> dict[str, Any]:
+    def train(self, batches: list[Batch], fetch_timeout_s: float = 60.0) -> Update:
         """One PPO update on the rollouts of every env worker (one version), fetched straight from
-        the env workers' object stores; bumps the version. Says which batch ids it trained on.
+        the env workers' object stores; bumps the version.
 
         An env worker that died after making its rollout took the rollout with it (it owned the
-        object). Then nothing is trained: ``{"lost": [indices]}`` says which, and the driver
+        object). Then nothing is trained: ``Update.lost`` names those batches, and the driver
         trains on the others (every rank fetches the same refs, so all agree)."""
-        batches, lost = [], []
-        for index, ref in enumerate(batch_refs):
+        rollouts, lost = [], []
+        for batch in batches:
             try:
-                batches.append(ray.get(ref, timeout=fetch_timeout_s))
+                rollouts.append(ray.get(batch.payload["rollout"], timeout=fetch_timeout_s))
             except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
-                lost.append(index)
+                lost.append(batch.id)
+        learner = self._learner()
         if lost:
-            return {"lost": lost}
-        batch = RolloutBatch.concat(batches)
-        return self._learner().update(batch) | {"batch_ids": list(batch.batch_ids)}
+            return Update(learner.weight_version, [], lost=lost)
+        rollout = RolloutBatch.concat(rollouts)  # the ids stamped into the rollouts by the env workers
+        metrics = learner.update(rollout)
+        return Update(int(metrics.pop("weight_version")), list(rollout.batch_ids), metrics)
 
     def weights_state(self) -> dict[str, torch.Tensor]:
         """What the weight sync publishes: a copy, so the next update cannot change it mid-send."""
         return self._learner().policy.export_weights()
-
-    def export_weights(self) -> dict[str, np.ndarray]:
-        return {name: tensor.numpy() for name, tensor in self.weights_state().items()}
 
     def checkpoint(self) -> bytes:
         """Model, optimiser and version as bytes: the driver writes the file, so no worker needs the

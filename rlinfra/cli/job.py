@@ -24,7 +24,6 @@ from rlinfra.config import ConfigError
 from rlinfra.config.loading import load_cluster_config
 from rlinfra.ops.jobs import (
     TERMINAL_STATUSES,
-    JobInfo,
     JobsClient,
     JobsError,
     build_runtime_env,
@@ -119,7 +118,9 @@ def submit(
         runtime_env = build_runtime_env(
             parse_assignments(env or (), "--env"), working_dir, cfg.get("runtime_env")
         )
-        command = _entrypoint(entrypoint)
+        # One argument is a shell command as written ("python a.py && echo done"); several are quoted
+        # word by word, so `-- python -c "print('hi')"` runs as typed. Typer requires at least one.
+        command = entrypoint[0] if len(entrypoint) == 1 else shlex.join(entrypoint)
         client = JobsClient(address, cluster_cfg=cfg.cluster)
         client.require(required)
         job_id = client.submit(
@@ -183,7 +184,15 @@ def list_jobs(address: AddressOption = None) -> None:
     """List the cluster's jobs, oldest first."""
     with user_errors(JobsError):
         jobs = JobsClient(address).list()
-    make_console(soft_wrap=True).print(_jobs_table(jobs))
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "STATUS", "STARTED", "ENTRYPOINT"):
+        table.add_column(column, overflow="fold")
+    for job in jobs:
+        started = "-"
+        if job.start_time_ms:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time_ms / 1000))
+        table.add_row(job.id, job.status, started, job.entrypoint or "-")
+    make_console(soft_wrap=True).print(table)
 
 
 def _follow(client: JobsClient, job_id: str, timeout: float | None, errors: Console) -> str:
@@ -199,23 +208,3 @@ def _follow(client: JobsClient, job_id: str, timeout: float | None, errors: Cons
         style = "green" if final == "SUCCEEDED" else "bold red"
         errors.print(Text.assemble(f"{job_id}: ", (final, style)))
     return final
-
-
-def _entrypoint(arguments: list[str]) -> str:
-    """One argument is a shell command as written (``"python a.py && echo done"``); several are
-    quoted word by word, so ``-- python -c "print('hi')"`` runs as typed."""
-    if not arguments:
-        raise JobsError("no entrypoint: give the command after `--`, e.g. -- python main.py")
-    return arguments[0] if len(arguments) == 1 else shlex.join(arguments)
-
-
-def _jobs_table(jobs: list[JobInfo]) -> Table:
-    table = Table(box=None, pad_edge=False)
-    for column in ("ID", "STATUS", "STARTED", "ENTRYPOINT"):
-        table.add_column(column, overflow="fold")
-    for job in jobs:
-        started = "-"
-        if job.start_time_ms:
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time_ms / 1000))
-        table.add_row(job.id, job.status, started, job.entrypoint or "-")
-    return table

@@ -1,9 +1,10 @@
 """``rlinfra run CONFIG [KEY=VALUE ...] [--resume]``: start the job a config names.
 
-The config's ``run.entrypoint`` (``"package.module:function"``) is called with the loaded config
+The config's ``run.entrypoint`` (``"package.module:function"``, or ``"package.module:JobClass"`` for
+its ``main``) is called with the loaded config
 (overrides applied, OmegaConf dotlist syntax) and ``resume=``; it returns the exit status. The
 current directory is put on ``sys.path`` first, as ``python -m`` does, so a job in the working
-tree (``examples.ppo_cartpole.job:main``) imports without being installed — and Ray hands the
+tree (``examples.ppo_cartpole.job:PPOJob``) imports without being installed — and Ray hands the
 driver's directory to its workers, so they import it too.
 """
 
@@ -59,6 +60,8 @@ def resolve_entrypoint(text: Any, config: Path) -> Callable[..., int]:
             f"{where}: cannot import {module_name!r} ({error}); run from the folder it lives in"
         ) from None
     function = getattr(module, function_name, None)
+    if isinstance(function, type):  # a job class (``rlinfra.driver.Job``): its ``main``
+        function = getattr(function, "main", None)
     if not callable(function):
         raise ConfigError(f"{where}: {module_name!r} has no function {function_name!r}")
     return function

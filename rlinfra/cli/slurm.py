@@ -8,6 +8,7 @@ Mistakes exit with status 2 and a message. ``render`` and ``submit`` take the sa
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated
 
@@ -104,6 +105,11 @@ def _script_command(name: str, submitting: bool) -> None:
             typer.Option("--node-timeout", metavar="SECONDS", help="How long to wait for all nodes to join."),
         ] = DEFAULT_NODE_TIMEOUT_S,
     ) -> None:
+        """Write an sbatch script: Ray head on the first node, the others joined with labels
+        rlinfra-node-rank=0..N-1, then DRIVER; when the driver or any node exits, everything stops.
+
+        The script exits with the driver's status, or non-zero when a node failed first.
+        """
         if submitting and output is None:
             output = Path(f"{_job_name(config)}.sbatch")
         with user_errors(ConfigError, SlurmError) as errors:
@@ -135,16 +141,11 @@ def _script_command(name: str, submitting: bool) -> None:
         typer.echo(f"submitted job {job_id} ({job.num_nodes} node(s)); log: {log}")
         typer.echo(f"follow it: rlinfra slurm status {job_id}")
 
-    command.__doc__ = HELP + (SUBMIT_HELP if submitting else "")
-    slurm_app.command(name)(command)
+    # submit's help is render's, plus its last step.
+    submit_help = "\n\nThen submit it with sbatch and print the job id and where its log is."
+    slurm_app.command(name, help=f"{inspect.getdoc(command)}{submit_help}" if submitting else None)(command)
 
 
-HELP = """Write an sbatch script: Ray head on the first node, the others joined with labels
-rlinfra-node-rank=0..N-1, then DRIVER; when the driver or any node exits, everything stops.
-
-The script exits with the driver's status, or non-zero when a node failed first.
-"""
-SUBMIT_HELP = "\nThen submit it with sbatch and print the job id and where its log is."
 _script_command("render", submitting=False)
 _script_command("submit", submitting=True)
 

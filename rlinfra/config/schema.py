@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
-from pydantic.fields import FieldInfo
 
 from rlinfra.config.errors import ConfigError, JobConfigError, reject_unknown, unknown_key
 from rlinfra.config.plain import to_plain
@@ -76,7 +75,12 @@ def _explained(
     detail: Any, schema: type[BaseModel], where: str | None, error: type[ConfigError]
 ) -> ConfigError:
     """Pydantic's error ``detail`` as the ``ConfigError`` a user reads."""
-    loc = tuple(part for part in detail["loc"] if not _is_type_tag(part))
+    given_loc = detail["loc"]
+    loc = tuple(part for part in given_loc[:-1] if not _is_type_tag(part))
+    # The union branches pydantic tried are dropped from the path, but an unknown key is the
+    # user's own, whatever it looks like (``[``, ``int``).
+    if given_loc and (detail["type"] == "extra_forbidden" or not _is_type_tag(given_loc[-1])):
+        loc += (given_loc[-1],)
     path = _path(where, loc)
     raised = (detail.get("ctx") or {}).get("error")
     if isinstance(raised, ConfigError):  # from a validator, its ``where`` relative to the key checked
@@ -88,7 +92,7 @@ def _explained(
     if kind == "extra_forbidden":
         allowed = [spec.alias or name for name, spec in _model_at(schema, loc[:-1]).model_fields.items()]
         return unknown_key(str(loc[-1]), allowed, _path(where, loc[:-1]), error=error)
-    field = _field_at(schema, loc)
+    field = _model_at(schema, loc[:-1]).model_fields.get(str(loc[-1])) if loc else None
     if kind == "missing":
         wanted = f"{loc[-1]}: {field.description}" if field is not None and field.description else None
         return error(f"missing {loc[-1]!r}", where=_path(where, loc[:-1]), expected=wanted)
@@ -129,9 +133,3 @@ def _model_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             schema = annotation
     return schema
-
-
-def _field_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> FieldInfo | None:
-    if not loc:
-        return None
-    return _model_at(schema, loc[:-1]).model_fields.get(str(loc[-1]))

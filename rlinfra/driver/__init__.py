@@ -1,37 +1,64 @@
 """The driver API: what a job imports to write a supervised, versioned RL loop on rlinfra.
 
-    from rlinfra.driver import Job, Run, RunSettings, RunState
+    from rlinfra.driver import Batch, Job, JobConfig, Run, Section, Trainer, Update
 
-A job subclasses ``Job`` (its worker groups, one iteration), ``RunState`` (its counters) and, for
-settings of its own, ``RunSettings``; ``Run(job, cfg).execute()`` does the rest: placement,
-launch, supervision, weight versions, checkpoints and ``--resume``, metrics, Ctrl-C, the failure
-report. It imports Ray: a job's driver needs it anyway.
+A job subclasses ``Job``: its config (a ``JobConfig`` of ``Section``s), its driver ``loop`` (launch
+the groups, then ``for step in run.steps(total)``) and, for counters of its own, ``RunState``.
+Its trainer's class is a ``Trainer``, which returns an ``Update``; its generating workers return
+``Batch``es. ``Job.run(cfg)`` does the rest: placement, launch, supervision, weight versions,
+checkpoints and ``--resume``, metrics, Ctrl-C, the failure report.
+
+Names are loaded on first use: a worker process that imports ``Batch`` or ``Update`` loads only
+the records, not Ray's driver side, rich or pydantic.
 """
 
-from rlinfra.config import JobConfigError, Section, parse_config
-from rlinfra.driver.entry import job_main, plot_curve
-from rlinfra.driver.job import TRAINER_METHODS, Batch, Job, RunResult, TrainerContractError
-from rlinfra.driver.metrics import read_events, read_metrics
-from rlinfra.driver.module_entry import run_module
-from rlinfra.driver.run import Run
-from rlinfra.driver.settings import RunSettings
-from rlinfra.driver.state import RunState
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "TRAINER_METHODS",
-    "Batch",
-    "Job",
-    "JobConfigError",
-    "Run",
-    "RunResult",
-    "RunSettings",
-    "RunState",
-    "Section",
-    "TrainerContractError",
-    "job_main",
-    "parse_config",
-    "plot_curve",
-    "read_events",
-    "read_metrics",
-    "run_module",
-]
+from rlinfra.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from rlinfra.config import JobConfigError as JobConfigError
+    from rlinfra.config import Section as Section
+    from rlinfra.config import parse_config as parse_config
+    from rlinfra.driver.entry import job_main as job_main
+    from rlinfra.driver.entry import plot_curve as plot_curve
+    from rlinfra.driver.job import Job as Job
+    from rlinfra.driver.job import JobConfig as JobConfig
+    from rlinfra.driver.metrics import read_events as read_events
+    from rlinfra.driver.metrics import read_metrics as read_metrics
+    from rlinfra.driver.module_entry import run_module as run_module
+    from rlinfra.driver.records import Batch as Batch
+    from rlinfra.driver.records import ContractError as ContractError
+    from rlinfra.driver.records import Update as Update
+    from rlinfra.driver.result import RunResult as RunResult
+    from rlinfra.driver.run import Run as Run
+    from rlinfra.driver.settings import RunSettings as RunSettings
+    from rlinfra.driver.state import RunState as RunState
+    from rlinfra.driver.trainer import TRAINER_METHODS as TRAINER_METHODS
+    from rlinfra.driver.trainer import Trainer as Trainer
+    from rlinfra.driver.trainer import TrainerContractError as TrainerContractError
+
+_EXPORTS = {
+    "JobConfigError": "rlinfra.config",
+    "Section": "rlinfra.config",
+    "parse_config": "rlinfra.config",
+    "job_main": "rlinfra.driver.entry",
+    "plot_curve": "rlinfra.driver.entry",
+    "Job": "rlinfra.driver.job",
+    "JobConfig": "rlinfra.driver.job",
+    "read_events": "rlinfra.driver.metrics",
+    "read_metrics": "rlinfra.driver.metrics",
+    "run_module": "rlinfra.driver.module_entry",
+    "Batch": "rlinfra.driver.records",
+    "ContractError": "rlinfra.driver.records",
+    "Update": "rlinfra.driver.records",
+    "RunResult": "rlinfra.driver.result",
+    "Run": "rlinfra.driver.run",
+    "RunSettings": "rlinfra.driver.settings",
+    "RunState": "rlinfra.driver.state",
+    "TRAINER_METHODS": "rlinfra.driver.trainer",
+    "Trainer": "rlinfra.driver.trainer",
+    "TrainerContractError": "rlinfra.driver.trainer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

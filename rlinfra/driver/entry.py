@@ -25,12 +25,13 @@ from rlinfra.runtime.timeshared import TimeSharingError
 from rlinfra.services.weights import WeightSyncError
 from rlinfra.services.weights.probe import LogprobMismatchError
 
-from .job import RunResult, TrainerContractError
+from .records import ContractError
+from .result import RunResult
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 USAGE_ERRORS = (
     ConfigError,
-    TrainerContractError,
+    ContractError,
     ClusterError,
     FileNotFoundError,
     CheckpointError,

@@ -4,12 +4,12 @@ what the job trains.
 ``SupervisedSteps`` — the ways a driver calls into a run that a ``Supervisor`` watches (a mixin:
 ``Run`` is one):
 
-    retried(step)      a step that can be redone (score, stage, commit): when a worker died during
+    supervised(step)   a step that can be redone (score, stage, commit): when a worker died during
                        it, replace the dead and run the step again
     generate / gather  one batch per rank, each under a batch id of the ledger: a batch cut short
                        by a dead worker is lost (never used) and made again on its replacement
     lost(batches)      batches whose maker died after making them: lost, the dead replaced
-    on_trainer(call)   a trainer call, never redone (an update may have half happened): a lost
+    call_trainer(call) a trainer call, never redone (an update may have half happened): a lost
                        trainer rank becomes ``UnsupervisedLoss`` for the loop to restart the trainer
     heal(error)        replace the dead, keep the ``Recovery``, run the ``after_heal`` hook (the
                        driver's: e.g. a replaced engine put back to sleep in a time-shared layout)
@@ -31,11 +31,19 @@ from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.services.weights import WeightSyncError
 
-from .job import Batch
 from .state import RunState
 
 
-@dataclass
+@dataclass(frozen=True)
+class Gathered:
+    """What one rank returned for a ``generate`` call, under the batch id it was made for."""
+
+    rank: int
+    id: str
+    value: Any
+
+
+@dataclass(eq=False)
 class Pending:
     """Batches being made: one call, one batch id per rank; ``args(rank, batch_id)`` are a rank's."""
 
@@ -49,12 +57,12 @@ class Pending:
 class SupervisedSteps:
     """A driver's calls into a supervised run. The driver sets ``supervisor`` (None: nothing is
     supervised yet, and a failure stands), ``state`` (its ledger issues the batch ids; every
-    recovery is appended to its ``recoveries`` before ``after_heal()`` runs) and ``_in_flight``
+    recovery is appended to its ``recoveries`` before ``after_heal()`` runs) and ``in_flight``
     (the batches being made)."""
 
     supervisor: Supervisor | None
     state: RunState
-    _in_flight: list[Pending]
+    in_flight: list[Pending]
 
     def after_heal(self) -> None:
         """What the driver does after every recovery (nothing, unless overridden)."""
@@ -69,7 +77,7 @@ class SupervisedSteps:
         self.after_heal()
         return recovery
 
-    def retried(self, step: Callable[[], Any]) -> Any:
+    def supervised(self, step: Callable[[], Any]) -> Any:
         """``step()``, again after replacing whoever died during it (restart budgets bound the
         retries: a spent one raises instead)."""
         while True:
@@ -87,7 +95,7 @@ class SupervisedSteps:
         """Every rank of ``group`` calls ``method(*args(rank, batch_id))`` to make one batch, under a
         batch id issued now; ``gather`` collects them."""
         pending = self._issue(group, method, args, list(group.ranks))
-        self._in_flight.append(pending)
+        self.in_flight.append(pending)
         return pending
 
     def _issue(self, group: WorkerGroup, method: Any, args: Any, ranks: list[int]) -> Pending:
@@ -95,7 +103,7 @@ class SupervisedSteps:
         call = group.call(method, ranks, per_rank=[args(rank, ids[rank]) for rank in ranks])
         return Pending(group, method, args, ids, call)
 
-    def gather(self, pending: Pending) -> list[Batch]:
+    def gather(self, pending: Pending) -> list[Gathered]:
         """Every rank's batch, in rank order. One cut short by a dead worker is never used: its id
         is lost, the dead are replaced, and the batch is made again under a new id; the batches
         that finished are kept and the calls still running are waited for. A call issued before a
@@ -121,17 +129,17 @@ class SupervisedSteps:
                     again = self._issue(pending.group, pending.method, pending.args, running)
                     pending.ids.update(again.ids)
                     calls.append(again.call)
-        self._in_flight.remove(pending)
-        return [Batch(rank, pending.ids[rank], done[rank]) for rank in sorted(done)]
+        self.in_flight.remove(pending)
+        return [Gathered(rank, pending.ids[rank], done[rank]) for rank in sorted(done)]
 
-    def lost(self, batches: Iterable[Batch]) -> None:
+    def lost(self, batches: Iterable[Any]) -> None:
         """Batches whose maker died after making them (the trainer could not use them): their ids
         end as lost, and whoever is gone now is replaced."""
         self.state.ledger.lost(b.id for b in batches)
         with contextlib.suppress(_NobodyGone):
             self.heal(_NobodyGone("a worker died"))
 
-    def on_trainer(self, call: Callable[[], Any]) -> Any:
+    def call_trainer(self, call: Callable[[], Any]) -> Any:
         """``call()`` on the trainer, never retried: a lost trainer rank raises
         ``UnsupervisedLoss``; a dead replaceable worker is replaced and the error re-raised."""
         try:

@@ -1,39 +1,14 @@
 """vLLM as a rollout engine: ``vllm.LLM`` hosted in the worker's own Ray actor process.
 
-``VLLMEngine`` is a ``Worker`` placed like any component: a process that owns k devices runs
-``tensor_parallel_size=k``. vLLM's engine core stays in the actor's process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); its workers are the actor itself at k = 1 and k spawned
-processes above it. Every worker carries rlinfra's extension (``vllm_worker.WeightLoading``), and
-a weight update goes through it:
-
-    prepare (generation goes on)  the version is staged in private host memory that vLLM's
-                                   workers can map (``MappableBuffers``), hashed as it lands and
-                                   compared with the trainer's checksums at verify
-    pause → swap                   vLLM's weight-update sequence (start, update, finish, with
-                                   rlinfra's shared-memory backend): every worker loads it with
-                                   the model's own ``load_weights``
-                                   (vLLM's per-architecture mapping, fusing and TP sharding; any
-                                   architecture vLLM serves), the engine's weight version is set,
-                                   the prefix cache dropped
-    verify                         every parameter of every TP rank against the same version
-                                   loaded afresh into zeroed memory (``rlinfra_check``), each
-                                   rank's and the engine's version: a stale shard, a rank on
-                                   another version or a failed load fails the update, naming the
-                                   TP rank
-    rollback                       the previous version's host copy is loaded again
-
-So the engine keeps two host copies of the model (the serving version's, for rollback and for
-admitting a replaced peer, and the one being staged), each readable by its workers without a
-copy. It samples with per-token log-probs (after temperature: ``logprobs_mode=
-"processed_logprobs"``), stamps every sequence with the version it was made with, and gives the
-engine's log-probs of given tokens (``engine_logprobs``) for the log-prob probe.
-
-Facts of vLLM 0.32.0 this rests on (measured; ``VLLM_VERSION`` is pinned): on CPU it hands linear
-weights to oneDNN unless ``_supports_onednn`` is off in every worker process (the extension does
-it on import); on CPU with k > 1 its workers need ``VLLM_CPU_OMP_THREADS_BIND`` (``nobind`` unless
-set); sleep mode exists on GPUs only (on CPU ``sleep`` is refused, naming the platform);
-in-process vLLM drops torch to one thread unless ``OMP_NUM_THREADS`` is set, and reseeds the
-global RNG. Quantized checkpoints are refused until their swaps are tested.
+``VLLMEngine`` is a ``Worker`` placed like any component (a process owning k devices runs
+``tensor_parallel_size=k``) and an ``EngineReceiver``: vLLM's engine core stays in the actor's
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a weight update swaps into the parameters it
+serves. Every vLLM worker carries rlinfra's extension (``vllm_worker.WeightLoading``): the version
+is staged in host memory the workers map (``MappableBuffers``), loaded by the model's own
+``load_weights`` through vLLM's weight-update sequence, and verified on every TP rank against the
+same version loaded afresh. It samples with per-token log-probs, stamps every sequence with its
+version, and answers ``engine_logprobs`` for the log-prob probe. It rests on facts of vLLM 0.32.0
+(``VLLM_VERSION`` is pinned). See docs/engines.md#vllm.
 """
 
 from __future__ import annotations
@@ -42,16 +17,21 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import json
+import mmap
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlinfra.runtime.timeshared import TimeShared
-from rlinfra.services.weights.buffers import Buffers, MappableBuffers, WeightsVerifyError
+from rlinfra.services.weights import buckets
+from rlinfra.services.weights.buckets import Manifest
+from rlinfra.services.weights.buffers import BucketFile, Buffers, MappableBuffers, WeightsVerifyError
 from rlinfra.services.weights.engine import EngineReceiver
 
 VLLM_VERSION = "0.32.0"
@@ -182,10 +162,24 @@ def read_checkpoint(folder: str) -> dict[str, Any]:
     return {name: tensor for file in files for name, tensor in load_file(file).items()}
 
 
-def worker_payload(host: Any) -> Any:
-    """What the workers load ``host`` (``MappableBuffers``: every host copy here) from."""
-    from rlinfra.engines.vllm_worker import Payload
+@dataclass(frozen=True)
+class Payload:
+    """One version as the engine staged it: where each bucket lies and what it holds."""
 
+    manifest: Manifest
+    files: tuple[BucketFile, ...]
+
+    def tensors(self) -> Iterator[tuple[str, Any]]:
+        """(name, read-only torch view) of every tensor, mapped from the engine's memory files."""
+        for spec, file in zip(self.manifest.buckets, self.files, strict=True):
+            with open(file.path, "rb") as handle:
+                mapped = mmap.mmap(handle.fileno(), max(file.nbytes, 1), prot=mmap.PROT_READ)
+            array = np.frombuffer(mapped, dtype=np.uint8, count=spec.nbytes)
+            yield from buckets.unpack(array, spec, as_torch=True).items()
+
+
+def worker_payload(host: Any) -> Payload:
+    """What the workers load ``host`` (``MappableBuffers``: every host copy here) from."""
     return Payload(host.manifest, tuple(host.files))
 
 

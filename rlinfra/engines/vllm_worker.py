@@ -29,12 +29,10 @@ module turns it off, which is why the engine names it as the extension of every 
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from vllm import _custom_ops
 from vllm.distributed import get_tensor_model_parallel_rank
@@ -46,28 +44,9 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
 
-from rlinfra.engines.vllm import WEIGHT_BACKEND
-from rlinfra.services.weights import buckets
-from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import BucketFile
+from rlinfra.engines.vllm import WEIGHT_BACKEND, Payload
 
 _custom_ops._supports_onednn = False
-
-
-@dataclass(frozen=True)
-class Payload:
-    """One version as the engine staged it: where each bucket lies and what it holds."""
-
-    manifest: Manifest
-    files: tuple[BucketFile, ...]
-
-    def tensors(self) -> Iterator[tuple[str, Any]]:
-        """(name, read-only torch view) of every tensor, mapped from the engine's memory files."""
-        for spec, file in zip(self.manifest.buckets, self.files, strict=True):
-            with open(file.path, "rb") as handle:
-                mapped = mmap.mmap(handle.fileno(), max(file.nbytes, 1), prot=mmap.PROT_READ)
-            array = np.frombuffer(mapped, dtype=np.uint8, count=spec.nbytes)
-            yield from buckets.unpack(array, spec, as_torch=True).items()
 
 
 @dataclass(frozen=True)

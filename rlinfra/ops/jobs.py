@@ -1,41 +1,14 @@
 """Jobs on a running Ray cluster through Ray's Jobs API: submit, status, logs, stop, list.
 
 A thin, typed wrapper over ``ray.job_submission.JobSubmissionClient`` (it needs ``ray[default]``,
-the ``jobs`` extra), for three things plain Ray leaves to the caller:
-
-* **Deadlines.** Ray's client sends its HTTP requests without a timeout, so a head that accepts
-  the connection and never answers hangs the caller. Every request here carries one
-  (``timeout_s``), and waits and log follows take their own.
-* **Errors that say what to check.** An unreachable address, a GCS address where the dashboard
-  address belongs, a refused token, an unknown job id: each becomes one ``JobsError`` naming the
-  address (and where it came from) and what to check, never a ``requests`` traceback.
-* **No secrets in runtime_env.** Ray records a job's runtime_env in plain text (job info,
-  ``ray job list``, the dashboard, ``runtime_env_agent.log``). ``build_runtime_env`` and
-  ``JobsClient.submit`` refuse env vars that look like credentials (``credential_reason``);
-  secrets go through rlinfra's secrets channel (``rlinfra.runtime.secrets``).
-
-Address: ``--address``, else ``cluster.address`` in the config, else ``RAY_API_SERVER_ADDRESS`` or
-``RAY_ADDRESS``, else ``http://127.0.0.1:8265``. It is the *dashboard* address; an address without
-a scheme gets ``http://``. An explicit address wins over the environment (Ray's own client lets
-``RAY_ADDRESS`` silently replace the address it is given, which is why ``_client_class`` builds the
-client without that step).
-
-Token authentication (on by default in Ray 2.60) — decision: keep it on, and have the client
-present the token itself. The client sends ``Authorization: Bearer <token>`` with the first token
-found in ``RAY_AUTH_TOKEN``, the file named by ``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``
-(Ray's own order), unless ``RAY_AUTH_MODE=disabled``. Ray's client alone adds the header only when
-this process runs with ``RAY_AUTH_MODE=token``, which a login shell usually does not set, and then
-fails with a bare 401. Measured against ``ray start --head`` with ``RAY_AUTH_MODE=token``: without
-the header the dashboard answers 401, with a wrong token 403, with the right one 200; a cluster
-without auth ignores the header. Turning auth off instead (``RAY_AUTH_MODE=disabled``) would leave
-the GCS open to the network: Ray rewrites ``--node-ip-address 127.0.0.1`` to the host's address and
-the GCS listens on every interface.
-
-Resources (``require``) — decision: read them from the dashboard's state API
-(``GET /api/v0/nodes?detail=1``, the sum of ``resources_total`` over alive nodes, which is what
-``ray.cluster_resources()`` sums) through the same client, address and token as the Jobs API.
-``ray.init(address=...)`` would need the GCS address (a second address to configure), costs 2-3 s
-and 400 MB, and registers a driver job of its own in ``job list``.
+the ``jobs`` extra) that adds what plain Ray leaves to the caller: a deadline on every request,
+wait and log follow; one ``JobsError`` naming the address and what to check instead of a
+``requests`` traceback; no credential-like env vars in the runtime_env (Ray records it in plain
+text; ``credential_reason``); Ray's auth token presented by the client itself; and the cluster's
+resources (``require``) read from the dashboard's state API, through the same client, address and
+token. The address is the *dashboard* address; an explicit one wins over the environment, which
+is why ``_client_class`` builds Ray's client without its ``RAY_ADDRESS`` step.
+See docs/operations.md and docs/design.md#decisions.
 """
 
 from __future__ import annotations
@@ -111,16 +84,17 @@ def parse_assignments(items: Iterable[str], flag: str) -> dict[str, str]:
     return parsed
 
 
-def parse_requirements(items: Iterable[str], flag: str = "--require") -> dict[str, float]:
-    """``["GPU=16", "CPU=128"]`` → ``{"GPU": 16.0, "CPU": 128.0}`` (Ray resource names, numbers ≥ 0)."""
+def parse_requirements(items: Iterable[str]) -> dict[str, float]:
+    """``--require`` values: ``["GPU=16", "CPU=128"]`` → ``{"GPU": 16.0, "CPU": 128.0}`` (Ray
+    resource names, numbers ≥ 0)."""
     required: dict[str, float] = {}
-    for name, text in parse_assignments(items, flag).items():
+    for name, text in parse_assignments(items, "--require").items():
         try:
             amount = float(text)
         except ValueError:
             amount = math.nan
         if not _RESOURCE_NAME.fullmatch(name) or not math.isfinite(amount) or amount < 0:
-            raise JobsError(f"{flag} {name}={text}: expected NAME=NUMBER with a number ≥ 0, e.g. GPU=16")
+            raise JobsError(f"--require {name}={text}: expected NAME=NUMBER with a number ≥ 0, e.g. GPU=16")
         required[name] = amount
     return required
 
@@ -153,9 +127,7 @@ def build_runtime_env(
     flags = {str(name): _env_value(value) for name, value in (env_vars or {}).items()}
     refuse_secrets(flags, "--env")
     merged.update(flags)
-    runtime_env: dict[str, Any] = {}
-    if merged:
-        runtime_env["env_vars"] = merged
+    runtime_env: dict[str, Any] = {"env_vars": merged} if merged else {}
     directory = working_dir if working_dir is not None else section.get("working_dir")
     if directory is not None:
         path = Path(directory).expanduser()
@@ -197,18 +169,15 @@ def auth_token(environ: Mapping[str, str] | None = None) -> str | None:
     if env.get("RAY_AUTH_TOKEN", "").strip():
         return env["RAY_AUTH_TOKEN"].strip()
     named = env.get("RAY_AUTH_TOKEN_PATH")
-    if named:
-        try:
-            return Path(named).expanduser().read_text(encoding="utf-8").strip() or None
-        except OSError as error:
-            raise JobsError(
-                f"RAY_AUTH_TOKEN_PATH={named}: cannot read the token: {error.strerror or error}"
-            ) from None
-    default = Path(env.get("HOME") or Path.home()) / ".ray" / "auth_token"
+    path = Path(named).expanduser() if named else Path(env.get("HOME") or Path.home()) / ".ray" / "auth_token"
     try:
-        return default.read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError as error:
+        if not named:  # no token file of one's own is the usual case, not an error
+            return None
+        raise JobsError(
+            f"RAY_AUTH_TOKEN_PATH={named}: cannot read the token: {error.strerror or error}"
+        ) from None
 
 
 class JobsClient:
@@ -314,11 +283,19 @@ class JobsClient:
         """Stream the job's logs to ``write`` until the job ends, or ``timeout_s`` passes; return
         the status then (not terminal only when time ran out)."""
         deadline = Deadline.after(timeout_s)  # None: follow until the job ends
+
+        async def follow() -> None:
+            async for chunk in self._client.tail_job_logs(job_id):
+                write(chunk)
+
         with self._calling("follow the job's logs", job_id):
             self.status(job_id)  # an unknown id fails here, clearly, not as a websocket error
-            finished = asyncio.run(self._follow(job_id, write, deadline))
-        if not finished:
-            return self.status(job_id)
+            try:
+                asyncio.run(
+                    asyncio.wait_for(follow(), None if deadline.limit_s == math.inf else deadline.left())
+                )
+            except asyncio.TimeoutError:  # caught here: _calling would take it for a network error
+                return self.status(job_id)
         # The log stream closes when the job ends; the status can lag it by a moment.
         return self.wait(job_id, timeout_s=min(10.0, deadline.left()))
 
@@ -342,19 +319,6 @@ class JobsClient:
         with self._calling("list the jobs"):
             jobs = [_job_info(details) for details in self._client.list_jobs()]
         return sorted(jobs, key=lambda job: (job.start_time_ms or 0, job.id))
-
-    async def _follow(self, job_id: str, write: Callable[[str], None], deadline: Deadline) -> bool:
-        """True when the log stream ended (the job did), False at the deadline."""
-
-        async def stream() -> None:
-            async for chunk in self._client.tail_job_logs(job_id):
-                write(chunk)
-
-        try:
-            await asyncio.wait_for(stream(), None if deadline.limit_s == math.inf else deadline.left())
-        except asyncio.TimeoutError:
-            return False
-        return True
 
     @contextmanager
     def _calling(self, action: str, job_id: str | None = None) -> Iterator[None]:
@@ -432,10 +396,9 @@ def _client_class() -> type:
 
 
 def _job_info(details: Any) -> JobInfo:
-    status = getattr(details.status, "value", details.status)
     return JobInfo(
         id=details.submission_id or details.job_id or "?",
-        status=str(status),
+        status=str(details.status),  # Ray's JobStatus prints as its value
         entrypoint=details.entrypoint or "",
         message=details.message or "",
         start_time_ms=details.start_time,

@@ -115,7 +115,9 @@ def render_sbatch(job: SlurmJob, script_name: str = "job.sbatch") -> str:
         "time": job.time,
     }
     directives = [f"#SBATCH --{name}={value}" for name, value in chosen.items() if value]
-    directives += [f"#SBATCH {_sbatch_option(option)}" for option in job.sbatch_options]
+    # ``account=rl`` and ``--account=rl`` both become ``--account=rl``.
+    options = (option.strip() for option in job.sbatch_options)
+    directives += [f"#SBATCH {option if option.startswith('-') else '--' + option}" for option in options]
     values: Mapping[str, str] = {
         "CONFIG": job.config_name,
         "SCRIPT_NAME": script_name,
@@ -224,9 +226,3 @@ def print_node_address(argv: Sequence[str] | None = None) -> None:
             "RLINFRA_SLURM_NODE_IP, or map the hostname to the node's network address in /etc/hosts"
         )
     print(address or "127.0.0.1")
-
-
-def _sbatch_option(option: str) -> str:
-    """``account=rl`` and ``--account=rl`` both become ``--account=rl``."""
-    option = option.strip()
-    return option if option.startswith("-") else f"--{option}"

@@ -27,13 +27,13 @@ def as_mapping(section: Any, where: str = "cluster", expected: str = "a YAML map
     return dict(plain)
 
 
-def require_int(value: Any, where: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """An integer field (bools are not integers here), at least ``minimum``, at most ``maximum``."""
-    expected = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum:,}"
+def require_int(value: Any, where: str, maximum: int | None = None) -> int:
+    """A non-negative integer field (bools are not integers here), at most ``maximum``."""
+    expected = "an integer >= 0" if maximum is None else f"an integer from 0 to {maximum:,}"
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlacementError(f"expected an integer, got {value!r}", where=where, expected=expected)
-    if value < minimum or (maximum is not None and value > maximum):
-        size = "small" if value < minimum else "large"
+    if value < 0 or (maximum is not None and value > maximum):
+        size = "small" if value < 0 else "large"
         raise PlacementError(f"{value:,} is too {size}", where=where, expected=expected)
     return value
 
@@ -56,17 +56,13 @@ def require_list(value: Any, where: str, expected: str) -> list[Any]:
     return value
 
 
-def require_key(section: Mapping[str, Any], key: str, where: str, expected: str) -> Any:
-    if key not in section:
-        raise PlacementError(f"missing {key!r}", where=where, expected=expected)
-    return section[key]
-
-
 def absolute_path(value: Any, where: str, expected: str) -> str | None:
     """A path read on other machines (the nodes), where a relative one would name another file."""
-    if value is None:
-        return None
-    path = require_str(value, where)
+    return None if value is None else refuse_relative(require_str(value, where), where, expected)
+
+
+def refuse_relative(path: str, where: str | None, expected: str) -> str:
+    """``path`` if it is absolute (each node would read a relative one against another directory)."""
     if not posixpath.isabs(path):
         raise PlacementError(
             f"the path {path!r} is relative",
@@ -106,12 +102,10 @@ def name_list(value: Any, where: str, what: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def as_section(
-    raw: Any, allowed: Sequence[str], where: str, expected: str = "a YAML mapping"
-) -> dict[str, Any]:
+def as_section(raw: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
     """A config mapping whose keys are all among ``allowed``."""
-    section = as_mapping(raw, where, expected)
-    reject_unknown(section, tuple(allowed), where, error=PlacementError)
+    section = as_mapping(raw, where)
+    reject_unknown(section, allowed, where, error=PlacementError)
     return section
 
 

@@ -14,7 +14,7 @@ the nodes before reserving, because Ray would wait forever for a resource or lab
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,20 +80,21 @@ def parse_constraints(raw: Any, where: str, num_nodes: int, allow_nodes: bool = 
     if raw is None:
         return NO_CONSTRAINTS
     section = as_section(raw, _FIELDS if allow_nodes else _FIELDS[1:], where)
-    nodes = None
-    if section.get("nodes") is not None:
-        nodes = tuple(sorted(parse_rank_list(section["nodes"], f"{where}.nodes", num_nodes)))
+    ranks = section.get("nodes")
+    nodes = None if ranks is None else tuple(sorted(parse_rank_list(ranks, f"{where}.nodes", num_nodes)))
     resources = _parse_resources(section.get("resources"), f"{where}.resources")
-    labels = _parse_labels(section.get("labels"), f"{where}.labels")
-    return Constraints(nodes, resources, labels)
+    return Constraints(nodes, resources, _parse_labels(section.get("labels"), f"{where}.labels"))
+
+
+def _named(raw: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """The ``name: value`` pairs of a mapping (none if absent), each name checked as it is reached."""
+    for name, value in () if raw is None else as_mapping(raw, where).items():
+        yield require_str(name, where), value
 
 
 def _parse_resources(raw: Any, where: str) -> tuple[tuple[str, float], ...]:
-    if raw is None:
-        return ()
     resources = {}
-    for name, amount in as_mapping(raw, where).items():
-        name = require_str(name, where)
+    for name, amount in _named(raw, where):
         if name in _BUILTIN_RESOURCES or name.startswith(_BUILTIN_PREFIXES):
             raise PlacementError(
                 f"{name!r} is one of Ray's own resources",
@@ -112,11 +113,8 @@ def _parse_resources(raw: Any, where: str) -> tuple[tuple[str, float], ...]:
 
 
 def _parse_labels(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
-    if raw is None:
-        return ()
     labels = {}
-    for key, value in as_mapping(raw, where).items():
-        key = require_str(key, where)
+    for key, value in _named(raw, where):
         if key == NODE_ID_LABEL:
             raise PlacementError(
                 f"label {key!r} is set by rlinfra", where=where, expected="constraints.nodes to pin nodes"

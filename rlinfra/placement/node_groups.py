@@ -31,7 +31,6 @@ from rlinfra.placement.config_access import (
     parse_rank_list,
     require_bool,
     require_int,
-    require_key,
     require_list,
     require_str,
 )
@@ -164,8 +163,11 @@ def _label_text(value: Any, where: str) -> str:
 def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
     section = as_section(raw, _GROUP_FIELDS, where)
     label = _label_text(section.get("label"), f"{where}.label")
-    ranks = require_key(section, "node_ranks", where, "node_ranks such as '0-1' or 'all'")
-    node_ranks = tuple(sorted(parse_rank_list(ranks, f"{where}.node_ranks", num_nodes)))
+    if "node_ranks" not in section:
+        raise PlacementError(
+            "missing 'node_ranks'", where=where, expected="node_ranks such as '0-1' or 'all'"
+        )
+    node_ranks = tuple(sorted(parse_rank_list(section["node_ranks"], f"{where}.node_ranks", num_nodes)))
     ignore_hardware = require_bool(section.get("ignore_hardware", False), f"{where}.ignore_hardware")
     if ignore_hardware and section.get("hardware") is not None:
         raise PlacementError(

@@ -39,8 +39,9 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from rlinfra.config import ConfigError, Section, Span, parse
+from rlinfra.config import ConfigError, Section, parse
 from rlinfra.config.errors import unknown_key
+from rlinfra.placement.config_access import refuse_relative
 from rlinfra.placement.env_vars import ENV_NAME, refuse_credential
 from rlinfra.placement.errors import PlacementError
 
@@ -57,10 +58,7 @@ _REPORTS = {
     "env": "output_dir: reports go to <output_dir> with the prefix <group>_<rank>_<pid>",
 }
 _OPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_NAMES = {
-    "options": (_OPTION_NAME, "an nsys option name"),
-    "args": (_OPTION_NAME, "a rocprofsys option name"),
-}
+_OPTION_KINDS = {"options": "an nsys option name", "args": "a rocprofsys option name"}  # else: variables
 _UNSAFE_IN_FILE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -88,10 +86,10 @@ class ProfilingConfig(Section):
         if backend not in BACKENDS:
             expected = str(cls.model_fields["backend"].description)
             raise ConfigError(f"unknown profiling backend {backend!r}", where="backend", expected=expected)
-        others = [key for key in data if key in _BACKEND_FIELDS[_other(backend)]]
+        foreign = [key for name, keys in _BACKEND_FIELDS.items() if name != backend for key in keys]
+        others = [key for key in data if key in foreign]
         if others:  # the other backend's keys (any other unknown key is the schema's to name)
-            allowed = [key for key in cls.model_fields if key not in _BACKEND_FIELDS[_other(backend)]]
-            raise unknown_key(others[0], allowed, None)
+            raise unknown_key(others[0], [key for key in cls.model_fields if key not in foreign], None)
         if "steps" in data:
             raise _steps_refused(backend)
         return data
@@ -113,37 +111,34 @@ class ProfilingConfig(Section):
     @classmethod
     def _absolute(cls, path: str) -> str:
         """Each node would read a relative path against another directory."""
-        if not posixpath.isabs(path):
-            raise ConfigError(
-                f"the path {path!r} is relative",
-                text=path,
-                span=Span(0, len(path)),
-                expected="an absolute directory, valid on every node that runs a profiled worker",
-            )
-        return path
+        return refuse_relative(
+            path, None, "an absolute directory, valid on every node that runs a profiled worker"
+        )
 
     @field_validator("options", "args", "env", mode="before")
     @classmethod
     def _named_values(cls, raw: Any, info: ValidationInfo) -> Any:
         """A mapping of names to scalar values; booleans are written ``true``/``false`` as the
         profilers spell them (YAML reads ``stop-on-exit: true`` as a boolean)."""
-        pattern, what = _NAMES.get(str(info.field_name), (ENV_NAME, "a variable name"))
-        if raw is None or not isinstance(raw, Mapping):
+        if not isinstance(raw, Mapping):
             return () if raw is None else raw
+        field = str(info.field_name)
+        pattern = _OPTION_NAME if field in _OPTION_KINDS else ENV_NAME
+        what = _OPTION_KINDS.get(field, "a variable name")
         for name, value in raw.items():
             if not isinstance(name, str) or not pattern.fullmatch(name):
                 expected = f"{what}, without leading dashes (e.g. 't', 'capture-range')"
                 raise ConfigError(f"bad name {name!r}", expected=expected)
             if isinstance(value, (Mapping, list)) or value is None:
                 raise ConfigError(f"{name!r} has no scalar value", where=name, expected="a string or number")
-            if name in _REPORT_PATHS.get(str(info.field_name), ()):
+            if name in _REPORT_PATHS.get(field, ()):
                 problem = f"{name!r} cannot be honoured: every process writes its own report"
-                raise ConfigError(problem, where=name, expected=_REPORTS[str(info.field_name)])
+                raise ConfigError(problem, where=name, expected=_REPORTS[field])
         pairs = [
             (name, str(value).lower() if isinstance(value, bool) else str(value))
             for name, value in raw.items()
         ]
-        for name, value in pairs if info.field_name == "env" else ():
+        for name, value in pairs if field == "env" else ():
             refuse_credential(name, value, "")
         return tuple(pairs)
 
@@ -213,10 +208,6 @@ def parse_profiling(raw: Any, where: str = "cluster.profiling") -> ProfilingConf
     if raw is None or isinstance(raw, ProfilingConfig):
         return raw
     return parse(ProfilingConfig, raw, where, PlacementError)
-
-
-def _other(backend: str) -> str:
-    return ROCPROF_SYS if backend == NSIGHT else NSIGHT
 
 
 def _steps_refused(backend: str) -> ConfigError:

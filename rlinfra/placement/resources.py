@@ -153,10 +153,6 @@ def _numbered(
         return list(group.node_ranks), [0] * len(group.node_ranks)
     if not is_accelerator:
         return [unit.node_rank for unit in group.hardware], [unit.index for unit in group.hardware]
-    node_of: list[int] = []
-    local_of: list[int] = []
-    for rank in group.node_ranks:
-        count = nodes[rank].num_accelerators
-        node_of.extend([rank] * count)
-        local_of.extend(range(count))
-    return node_of, local_of
+    counts = [(rank, nodes[rank].num_accelerators) for rank in group.node_ranks]
+    node_of = [rank for rank, count in counts for _ in range(count)]
+    return node_of, [index for _, count in counts for index in range(count)]

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from rlinfra.placement.record import Placement
-from rlinfra.runtime.worker import Worker, bind_identity
+from rlinfra.runtime.hosting import bind_identity
+from rlinfra.runtime.worker import Worker
 
 
 def fuse(**roles: type[Worker]) -> type[Worker]:

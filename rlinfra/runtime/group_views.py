@@ -54,6 +54,14 @@ class GroupMethod:
         self._ranks = ranks
         self._role = role
 
+    @property
+    def group(self) -> Any:
+        """The group the call goes to (a ``WorkerGroup``)."""
+        return self._group
+
+    def __repr__(self) -> str:
+        return f"{self._group.name}{'/' + self._role if self._role else ''}.{self._method}"
+
     def __call__(self, *args: Any, **kwargs: Any) -> GroupCall:
         return self._fan_out([args] * len(self._ranks), kwargs)
 

@@ -25,7 +25,6 @@ from rlinfra.placement.record import VISIBILITY_ENV, Placement
 from rlinfra.runtime import process_groups, progress
 from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import receive_secrets
-from rlinfra.runtime.worker import bind_identity
 
 SECRETS_TIMEOUT_S = 60.0
 T = TypeVar("T")
@@ -64,6 +63,21 @@ def _set_env(context: WorkerContext) -> None:
         # The interpreter read PYTHONPATH at start-up; new entries reach imports only via sys.path.
         entries = context.env["PYTHONPATH"].split(PATH_SEPARATOR)
         sys.path[1:1] = [entry for entry in entries if entry and entry not in sys.path]
+
+
+def bind_identity(
+    worker: Any, group_name: str, placement: Placement, hardware: tuple[HardwareUnit, ...], incarnation: int
+) -> None:
+    """The attributes ``Worker`` documents (RLinf's names) of the process at ``placement``: a
+    hosted worker's, or a fused role's (its host's, under the role's own ``group_name``, e.g.
+    ``policy/actor``, so that its logs and errors name the role)."""
+    worker._group_name, worker._placement, worker._hardware = group_name, placement, hardware
+    worker._rank, worker._world_size = placement.rank, placement.world_size
+    worker._local_rank, worker._local_world_size = placement.local_rank, placement.local_world_size
+    worker._node_rank = worker._cluster_node_rank = placement.cluster_node_rank
+    worker._local_accelerator_rank = placement.local_accelerator_rank
+    worker._worker_name = f"{group_name}:{placement.rank}"
+    worker._incarnation = incarnation
 
 
 class HostMethods:

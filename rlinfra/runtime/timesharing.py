@@ -1,64 +1,14 @@
 """Time-sharing of shared devices: one component awake per device, switched by the driver.
 
-Colocated components (``actor,rollout: 0-3``: a trainer and a generation engine on the same
-GPUs) cannot both hold their memory at once, so they take turns. Each one's worker class derives
-from ``TimeShared`` and implements two hooks: ``sleep()`` releases what it holds on the device
-(an engine drops weights and KV cache, a trainer offloads parameters and optimizer state) and
-``wake()`` takes it back. The driver owns the turns through one ``TimeSharing`` schedule per
-job:
-
-    schedule = TimeSharing([actor, rollout, reward])   # every time-shared component asleep
-    schedule.wake("rollout")          # nothing of rollout's devices to free yet; rollout wakes
-    rollout.generate(prompts).wait()
-    schedule.wake("actor")            # rollout sleeps first (on every rank), then actor wakes
-    actor.train(batch).wait()
-    rollout.generate(prompts)         # ComponentAsleepError: names rank, method, who is awake
+Colocated components (a trainer and a generation engine on the same GPUs) cannot both hold their
+memory at once, so they take turns: each one's worker class derives from ``TimeShared`` and
+implements ``sleep()`` and ``wake()``, and one ``TimeSharing`` schedule per job calls them and
+guards every call into a sleeping component (``ComponentAsleepError``).
 
 Who shares what is read from the groups' ``Placement`` records, never from names: two components
-share a device when one rank of each sits on the same node and holds the same node-local device
-(node rank, hardware type, local index). ``wake(c)`` puts to sleep every component that shares a
-device with ``c`` and is not asleep already — all of them at once, and all of their ranks — waits
-for every one to finish, and only then wakes ``c``'s ranks, under one deadline. Components that
-share no device with another (the third one above) are never put to sleep and never guarded.
-
-Initial state: building the schedule puts every time-shared component to sleep (``sleep()``
-runs once on each rank, right after its constructor, so whatever the constructor allocated is
-released), then wakes ``awake`` if one is given. From then on only the schedule calls the hooks,
-and they alternate — except that a hook that failed is called again by the next switch, and
-``schedule.sleep(c)`` runs ``sleep()`` even on a sleeping component: both should tolerate a repeat.
-
-What is enforced where:
-
-* driver side, in ``WorkerGroup``'s one door (its ``call_guard``, installed here): every call into
-  a sleeping component — ``group.method(...)``, ``execute_on``, ``call`` from any service — is
-  refused before anything is sent, with a ``ComponentAsleepError`` naming the component, ranks,
-  nodes, method and the component awake on its devices. ``sleep``/``wake`` themselves are refused
-  there too: only the schedule calls them, so its record of who is awake stays true.
-  ``rlinfra_``-prefixed host methods (readiness, probes, the schedule's own calls) pass, and so
-  do the weight-update methods (``@served_asleep``: they work on host memory); calls to a fused
-  worker's roles are refused like any other.
-* worker side, for callers that bypass the group (an actor handle, another actor): a
-  ``TimeShared`` class's public methods are wrapped once, when the class is defined, by a check of
-  one attribute of the worker; a sleeping worker raises ``ComponentAsleepError`` from any of them.
-  A method already running when the worker is put to sleep is not interrupted (with the default
-  ``max_concurrency=1`` the sleep waits behind it), and the worker's own threads are refused too.
-
-Every switch is timed (``switches``, ``summary()``) and every hook call logged in order
-(``phases``). On the CPU, device memory is process memory: ``resident_bytes`` reads each rank's
-resident set (``/proc/self/statm``, answered in the worker's watch thread, so also while it is
-busy), and after ``sleep()`` returns the worker collects garbage and trims the C heap
-(``malloc_trim``) so what was freed shows as freed; on GPUs ``sleep()`` itself must also return
-the allocator's cache (``torch.cuda.empty_cache()``).
-
-A failed hook — it raised, or did not answer within the switch's deadline — raises
-``SwitchError`` (a ``WorkerGroupError``) naming the component, rank, node and phase; that
-component's state becomes unknown (its calls are refused) and the component being woken is not
-woken. A fused worker time-shares when its class derives from ``TimeShared`` as well
-(``class Policy(TimeShared, fuse(actor=..., ref=...))``, with the hooks); a replaced rank comes
-up in its constructor's state, so ``schedule.sleep(component)`` it before its next turn; a
-component relaunched as a whole new group (a trainer restarted from its checkpoint) takes the old
-one's place with ``schedule.rejoin(group)``, asleep. The schedule is driven from one thread
-(``resident_bytes`` may be read from any).
+share a device when a rank of each holds the same node-local device. ``wake(c)`` puts every
+component sharing a device with ``c`` to sleep, all ranks at once, then wakes ``c``; components
+sharing nothing are never put to sleep. See docs/time-sharing.md.
 """
 
 from __future__ import annotations

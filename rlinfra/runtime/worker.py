@@ -157,18 +157,3 @@ class Worker:
     def __repr__(self) -> str:
         # Ray prefixes forwarded log lines with the actor's repr: show the role, not a class.
         return self._worker_name or type(self).__name__
-
-
-def bind_identity(
-    worker: Any, group_name: str, placement: Placement, hardware: tuple[HardwareUnit, ...], incarnation: int
-) -> None:
-    """The attributes ``Worker`` documents (RLinf's names) of the process at ``placement``: a
-    hosted worker's, or a fused role's (its host's, under the role's own ``group_name``, e.g.
-    ``policy/actor``, so that its logs and errors name the role)."""
-    worker._group_name, worker._placement, worker._hardware = group_name, placement, hardware
-    worker._rank, worker._world_size = placement.rank, placement.world_size
-    worker._local_rank, worker._local_world_size = placement.local_rank, placement.local_world_size
-    worker._node_rank = worker._cluster_node_rank = placement.cluster_node_rank
-    worker._local_accelerator_rank = placement.local_accelerator_rank
-    worker._worker_name = f"{group_name}:{placement.rank}"
-    worker._incarnation = incarnation

@@ -33,7 +33,6 @@ class DeviceMap:
     """The rows to draw, plus what the columns need to know about the whole map."""
 
     rows: list[NodeRow]
-    total_nodes: int
     max_accelerators: int
     accelerator_type: str
     has_whole_node: bool
@@ -45,7 +44,16 @@ def build_device_map(
 ) -> DeviceMap:
     """Occupancy of nodes ``0..node_limit-1`` (all nodes when ``node_limit`` is None)."""
     nodes = spec.nodes[:node_limit]
-    rows = _empty_rows(spec, len(nodes))
+    rows = [NodeRow(node.rank, [], [{} for _ in range(node.num_accelerators)]) for node in nodes]
+    for group in spec.node_groups.values():
+        if group.label in (CLUSTER_GROUP, NODE_GROUP):
+            continue
+        for rank in group.node_ranks:
+            if rank < len(rows):
+                rows[rank].groups.append(group.label)
+        for unit in group.hardware:  # every unit is listed, idle ones too: they are worth seeing
+            if unit.node_rank < len(rows):
+                rows[unit.node_rank].hardware[unit] = {}
     has_whole_node = False
     for name in placement.components:
         for record in placement.get_placements(name):
@@ -64,24 +72,8 @@ def build_device_map(
     accelerated = [node for node in nodes if node.num_accelerators]
     return DeviceMap(
         rows=rows,
-        total_nodes=spec.num_nodes,
         max_accelerators=max((node.num_accelerators for node in accelerated), default=0),
         accelerator_type=accelerated[0].accelerator_type if accelerated else "GPU",
         has_whole_node=has_whole_node,
         has_hardware=any(row.hardware for row in rows),
     )
-
-
-def _empty_rows(spec: ClusterSpec, shown: int) -> list[NodeRow]:
-    """One row per shown node, with every hardware unit listed (idle units are worth seeing)."""
-    rows = [NodeRow(node.rank, [], [{} for _ in range(node.num_accelerators)]) for node in spec.nodes[:shown]]
-    for group in spec.node_groups.values():
-        if group.label in (CLUSTER_GROUP, NODE_GROUP):
-            continue
-        for rank in group.node_ranks:
-            if rank < shown:
-                rows[rank].groups.append(group.label)
-        for unit in group.hardware:
-            if unit.node_rank < shown:
-                rows[unit.node_rank].hardware[unit] = {}
-    return rows

@@ -79,9 +79,8 @@ def layout_table(
     """One row per component: its bundles, the devices they hold, what each process reserves."""
     bundles = plural(len(layout.bundles), "bundle")
     title = Text.assemble(("Layout", "bold"), f" (one placement group, {bundles})")
-    table = titled_table(title, _caption(layout, placement), show_edge=False)
-    for column in ("component", "bundles", "devices", "per process"):
-        table.add_column(column)
+    columns = ("component", "bundles", "devices", "per process")
+    table = titled_table(title, _caption(layout, placement), *columns, show_edge=False)
     names = placement.components
     shown = names if show_all else names[:LAYOUT_ROWS]
     for name in shown:
@@ -132,9 +131,8 @@ def devices_text(layout: LayoutPlan, indices: list[int], kind: str) -> str:
     parts = [
         f"node {short_ranks(nodes)}: {kind} {short_ranks(devices)}" for devices, nodes in nodes_of.items()
     ]
-    if len(parts) > DEVICE_PARTS:
-        return "\n".join([*parts[:DEVICE_PARTS], f"… ({len(per_node)} nodes in all)"])
-    return "\n".join(parts)
+    more = [f"… ({len(per_node)} nodes in all)"] if len(parts) > DEVICE_PARTS else []
+    return "\n".join(parts[:DEVICE_PARTS] + more)
 
 
 def reservations_text(rows: list[ActorReservation]) -> str:
@@ -175,12 +173,7 @@ def relations_text(
         if placement.get_strategy(first) is placement.get_strategy(second):
             line.append(" (one config key)", style="dim")
         lines.append(line)
-    omitted = comb(len(names), 2) - comb(len(shown), 2)
-    if omitted:
-        lines.append(
-            Text(
-                f"  … {omitted} more pairs among {len(names)} components; --all or --json lists every pair",
-                style="dim",
-            )
-        )
+    if omitted := comb(len(names), 2) - comb(len(shown), 2):
+        hint = f"  … {omitted} more pairs among {len(names)} components; --all or --json lists every pair"
+        lines.append(Text(hint, style="dim"))
     return Text("\n").join(lines)

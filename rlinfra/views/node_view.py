@@ -83,7 +83,9 @@ def nodes_table(loads: Sequence[NodeLoad], show_all: bool) -> Table:
     for load in shown:
         cells: list[str | Text] = [str(load.node), amounts(load.reserves)]
         if known:
-            cells += [f"CPU {number(load.cpus or 0.0)}", _fit(load)]
+            short = f"no: short by CPU {number(load.cpu_shortfall)}"
+            fit = Text(short, style="bold red") if load.cpu_shortfall else Text("yes", style="green")
+            cells += [f"CPU {number(load.cpus or 0.0)}", fit]
         table.add_row(*cells)
     if len(shown) < len(loads):
         table.add_row(f"… {len(loads) - len(shown)} more", "--all shows every node", style="dim")
@@ -112,9 +114,3 @@ def nodes_to_dict(loads: Sequence[NodeLoad]) -> list[dict[str, Any]]:
         }
         for load in loads
     ]
-
-
-def _fit(load: NodeLoad) -> Text:
-    if load.cpu_shortfall:
-        return Text(f"no: short by CPU {number(load.cpu_shortfall)}", style="bold red")
-    return Text("yes", style="green")

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from rlinfra.placement import ClusterSpec, ComponentConfig, ComponentPlacement, Placement
 from rlinfra.placement.checkpoint import describe_checkpoint
 from rlinfra.placement.errors import rank_runs, short_ranks
-from rlinfra.views.device_map import DeviceMap, NodeRow, Occupants, build_device_map
+from rlinfra.views.device_map import NodeRow, Occupants, build_device_map
 from rlinfra.views.layout_view import layout_table, layout_to_dict, relations_text
 from rlinfra.views.node_view import NodeLoad, nodes_table, nodes_to_dict
 from rlinfra.views.tables import make_console, titled_table
@@ -65,8 +65,7 @@ def component_colors(names: Sequence[str]) -> dict[str, str]:
 
 def format_ranks(ranks: Sequence[int]) -> str:
     """Ranks as runs (``0-100``), two neighbours as ``0,1``; a count once there are more than two."""
-    runs = rank_runs(ranks)
-    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs]
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in rank_runs(ranks)]
     text = ",".join(parts[:3]) + (",…" if len(parts) > 3 else "")
     return text if len(ranks) <= 2 else f"{text} ({len(ranks)})"
 
@@ -122,7 +121,7 @@ def render_plan(
     colors = component_colors(placement.components)
     sections = [
         *(strategy_table(entry, placement, colors, show_all) for entry in placement.config.components),
-        _map(spec, placement, show_all),
+        map_table(spec, placement, show_all),
         layout_table(layout, placement, colors, show_all),
         relations_text(layout, placement, colors, show_all),  # None for a single component
         nodes_table(loads, show_all),
@@ -136,15 +135,9 @@ def render_plan(
 
 def save_map_svg(path: Path, spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> None:
     """Write the map as an SVG picture, sized to fit the map rather than the terminal."""
-    picture = Group(_cluster_line(spec), _map(spec, placement, show_all))
-    width = make_console(width=MAX_SVG_WIDTH, file=io.StringIO()).measure(picture).maximum
-    console = make_console(
-        record=True,
-        file=io.StringIO(),
-        width=max(60, min(width, MAX_SVG_WIDTH)),
-        force_terminal=True,
-        color_system="truecolor",
-    )
+    picture = Group(_cluster_line(spec), map_table(spec, placement, show_all))
+    console = make_console(record=True, file=io.StringIO(), width=MAX_SVG_WIDTH, color_system="truecolor")
+    console.width = max(60, min(console.measure(picture).maximum, MAX_SVG_WIDTH))
     console.print(picture)
     console.save_svg(str(path), title=f"rlinfra plan — {spec.describe()}")
 
@@ -153,47 +146,34 @@ def _cluster_line(spec: ClusterSpec) -> Text:
     return Text.assemble(("Cluster: ", "bold"), spec.describe())
 
 
-def _map(spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> Table:
-    device_map = build_device_map(spec, placement, None if show_all else MAP_NODES)
-    return map_table(device_map, component_colors(placement.components))
-
-
 def strategy_table(
     entry: ComponentConfig, placement: ComponentPlacement, colors: dict[str, str], show_all: bool
 ) -> Table:
     """Every rank of one config key's strategy (or its first and last ranks when it is big)."""
     records = placement.get_placements(entry.names[0])
     title = Text(", ").join(Text(name, style=f"bold {colors[name]}") for name in entry.names)
-    kind = records[0].hardware_type
     owned = max(len(record.hardware_ranks) for record in records) if records[0].accelerator_type else 1
     # A process owning several accelerators is where a generation engine shards its model.
     sharded = f", {owned} per process: tensor_parallel_size={owned}" if owned > 1 else ""
     title.append(
         f" · placement {entry.placement!r} on {', '.join(entry.node_groups)} · "
-        f"{len(records)} processes ({kind}{sharded})"
+        f"{len(records)} processes ({records[0].hardware_type}{sharded})"
     )
     if entry.model is not None:
         title.append(f" · {describe_checkpoint(entry.model).describe()}")
-    indices = shown_indices(len(records), show_all)
-    caption = None if len(indices) == len(records) else "--all shows every rank"
-    table = titled_table(title, caption, show_edge=False)
+    # Big strategies show their first and last ranks, and how many are hidden between them.
+    hidden = 0 if show_all else max(0, len(records) - HEAD_ROWS - TAIL_ROWS)
+    table = titled_table(title, "--all shows every rank" if hidden else None, show_edge=False)
     for column in ("rank", "node", "local rank", "devices", "visible", "group", "hardware ranks"):
         table.add_column(column, justify="right" if column in ("rank", "node") else "left")
-    for index in indices:
-        if index is None:
-            hidden = len(records) - HEAD_ROWS - TAIL_ROWS
-            # In the narrow rank column only the ellipsis, so the hint does not widen the table.
-            table.add_row("…", "", f"… {hidden} more", style="dim")
-        else:
-            table.add_row(*_record_cells(records[index]))
+    for record in records[:HEAD_ROWS] if hidden else records:
+        table.add_row(*_record_cells(record))
+    if hidden:
+        # In the narrow rank column only the ellipsis, so the hint does not widen the table.
+        table.add_row("…", "", f"… {hidden} more", style="dim")
+        for record in records[-TAIL_ROWS:]:
+            table.add_row(*_record_cells(record))
     return table
-
-
-def shown_indices(count: int, show_all: bool) -> list[int | None]:
-    """Row indices to show; ``None`` marks where the hidden middle rows would be."""
-    if show_all or count <= HEAD_ROWS + TAIL_ROWS:
-        return list(range(count))
-    return [*range(HEAD_ROWS), None, *range(count - TAIL_ROWS, count)]
 
 
 def _record_cells(record: Placement) -> list[str]:
@@ -208,14 +188,14 @@ def _record_cells(record: Placement) -> list[str]:
     ]
 
 
-def map_table(device_map: DeviceMap, colors: dict[str, str]) -> Table:
+def map_table(spec: ClusterSpec, placement: ComponentPlacement, show_all: bool) -> Table:
     """One row per node: its groups, what runs on each accelerator, on the node, on each unit."""
-    caption = None
-    if len(device_map.rows) < device_map.total_nodes:
-        caption = f"first {len(device_map.rows)} of {device_map.total_nodes} nodes; --all shows every node"
-    table = titled_table(Text("Node × device map", style="bold"), caption, show_lines=True)
-    table.add_column("node", justify="right")
-    table.add_column("groups")
+    device_map = build_device_map(spec, placement, None if show_all else MAP_NODES)
+    colors = component_colors(placement.components)
+    shown, total = len(device_map.rows), spec.num_nodes
+    caption = f"first {shown} of {total} nodes; --all shows every node" if shown < total else None
+    title = Text("Node × device map", style="bold")
+    table = titled_table(title, caption, Column("node", justify="right"), "groups", show_lines=True)
     for index in range(device_map.max_accelerators):
         table.add_column(f"{device_map.accelerator_type} {index}")
     if device_map.has_whole_node:
@@ -223,19 +203,15 @@ def map_table(device_map: DeviceMap, colors: dict[str, str]) -> Table:
     if device_map.has_hardware:
         table.add_column("hardware")
     for row in device_map.rows:
-        table.add_row(*_map_cells(row, device_map, colors))
+        cells: list[RenderableType] = [str(row.rank), ", ".join(row.groups) or Text("—", style="dim")]
+        cells += [_occupants_text(occupants, colors) for occupants in row.accelerators]
+        cells += [""] * (device_map.max_accelerators - len(row.accelerators))
+        if device_map.has_whole_node:
+            cells.append(_occupants_text(row.whole_node, colors))
+        if device_map.has_hardware:
+            cells.append(_hardware_text(row, colors))
+        table.add_row(*cells)
     return table
-
-
-def _map_cells(row: NodeRow, device_map: DeviceMap, colors: dict[str, str]) -> list[RenderableType]:
-    cells: list[RenderableType] = [str(row.rank), ", ".join(row.groups) or Text("—", style="dim")]
-    cells += [_occupants_text(occupants, colors) for occupants in row.accelerators]
-    cells += [""] * (device_map.max_accelerators - len(row.accelerators))
-    if device_map.has_whole_node:
-        cells.append(_occupants_text(row.whole_node, colors))
-    if device_map.has_hardware:
-        cells.append(_hardware_text(row, colors))
-    return cells
 
 
 def _occupants_text(occupants: Occupants, colors: dict[str, str], separator: str = "\n") -> Text:
@@ -248,11 +224,12 @@ def _occupants_text(occupants: Occupants, colors: dict[str, str], separator: str
 
 
 def _hardware_text(row: NodeRow, colors: dict[str, str]) -> Text:
-    lines = []
-    for unit, occupants in row.hardware.items():
-        users = _occupants_text(occupants, colors, separator="; ") if occupants else Text("—", style="dim")
-        lines.append(Text.assemble(f"{unit.type}{unit.index}: ", users))
-    return Text("\n").join(lines)
+    """``robot0: env 0`` per hardware unit of the node, a dim dash for an idle one."""
+    idle = Text("—", style="dim")
+    return Text("\n").join(
+        Text.assemble(f"{unit.type}{unit.index}: ", _occupants_text(users, colors, "; ") if users else idle)
+        for unit, users in row.hardware.items()
+    )
 
 
 def env_rows(env: ResolvedEnv, secrets: Sequence[SecretSpec]) -> list[tuple[str, str, str]]:
@@ -278,10 +255,8 @@ def env_table(component: str, record: Placement, env: ResolvedEnv, secrets: Sequ
     served = [spec.name for spec in secrets if not spec.expose_as_env]
     if served:
         notes.append("secrets served by self.secret() only: " + ", ".join(served))
-    table = titled_table(title, "\n".join(notes), show_edge=False)
-    table.add_column("NAME", no_wrap=True)
-    table.add_column("VALUE", overflow="fold")
-    table.add_column("SOURCE")
+    columns = (Column("NAME", no_wrap=True), Column("VALUE", overflow="fold"), "SOURCE")
+    table = titled_table(title, "\n".join(notes), *columns, show_edge=False)
     for name, value, source in env_rows(env, secrets):
         hidden = value in (HIDDEN_SECRET, WITHHELD) or value in LAUNCH_TIME_ENV.values()
         table.add_row(name, Text(value, style="dim" if hidden else ""), source)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 
@@ -17,9 +17,11 @@ def make_console(**options: Any) -> Console:
     return Console(markup=False, highlight=False, **options)
 
 
-def titled_table(title: Text, caption: str | None = None, **options: Any) -> Table:
-    """A table with its title and caption on the left and bold headers, as every plan table."""
+def titled_table(title: Text, caption: str | None, *columns: Column | str, **options: Any) -> Table:
+    """A table with its title and caption on the left and bold headers, as every plan table; its
+    ``columns`` are header names, or rich ``Column`` objects where one needs its own justify or overflow."""
     return Table(
+        *columns,
         title=title,
         title_justify="left",
         caption=caption,

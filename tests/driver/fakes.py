@@ -4,7 +4,8 @@
 it (``name``, ``ranks``, ``world_size``, ``gone_ranks``, ``replace``, ``remove``, ``add``, ``call``,
 ``node_rank_of``, ``restarts``, ``shutdown``); ``FakeCall`` for ``GroupCall`` (``ranks``,
 ``issued``, ``wait``, ``subset``); ``FakeSync`` for ``WeightSync`` (``receivers``, ``version``,
-``abandon``, ``leave``, ``admit``, ``prepare`` and what a trainer restart calls). The driver's code
+``abandon``, ``leave``, ``admit``, ``prepare``, ``commit_version`` and what a trainer restart
+calls). The driver's code
 does no ``isinstance`` check on any of them: duck typing is enough, and the errors raised are the
 real ones (``WorkerGroupError``, ``RestartBudgetExhausted``, ``UnreplaceableError``,
 ``WeightSyncError``), so the code under test meets what it meets on a cluster.
@@ -148,6 +149,10 @@ class FakeGroup:
     def answer(self, method: str, rank: int, incarnation: int, args: tuple[Any, ...]) -> Made:
         return Made(rank, incarnation, method, args)
 
+    def method(self, name: str) -> FakeMethod:
+        """``group.<name>`` as a ``GroupMethod``: called, a call on every rank."""
+        return FakeMethod(self, name)
+
     # --- WorkerGroup's interface
     @property
     def ranks(self) -> list[int]:
@@ -245,6 +250,17 @@ class FakeGroup:
 
 
 @dataclass
+class FakeMethod:
+    """Stands in for ``GroupMethod``: ``group`` and a call on all of its ranks."""
+
+    group: FakeGroup
+    name: str
+
+    def __call__(self, *args: Any) -> FakeCall:
+        return self.group.call(self.name, args=args)
+
+
+@dataclass
 class Report:
     """What ``WeightSync.update`` returns, as far as the driver reads it."""
 
@@ -307,6 +323,13 @@ class FakeSync:
 
     def staged_or_prepare(self, version: int) -> Report:
         return Report(version) if self.staged == version else self.prepare(version)
+
+    def commit_version(self, version: int) -> Report:
+        if self.staged != version:  # staged again first when a replacement dropped it
+            self.prepare(version)
+        self.version, self.staged = version, None
+        self.log.append(("commit", version))
+        return Report(version)
 
     def replace_sender(self, sender: Any) -> None:
         self.abandon()

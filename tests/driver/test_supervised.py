@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlinfra.driver.batches import LOST
-from rlinfra.driver.job import Batch
 from rlinfra.driver.state import RunState
+from rlinfra.driver.supervised import Gathered as Batch
 from rlinfra.driver.supervised import SupervisedSteps
 from rlinfra.driver.supervisor import Supervisor, UnsupervisedLoss
 from rlinfra.runtime.errors import RankFailure, WorkerGroupError
@@ -28,7 +28,7 @@ class Steps(SupervisedSteps):
     def __init__(self, supervisor: Supervisor | None) -> None:
         self.supervisor = supervisor
         self.state = RunState()
-        self._in_flight = []
+        self.in_flight = []
         self.seen: list[int] = []  # len(state.recoveries) as each after_heal saw it
 
     def after_heal(self) -> None:
@@ -61,7 +61,7 @@ def check_ids(steps: Steps, batches: list[Batch], *others: list[Batch]) -> None:
     assert all(made(b).args == (b.id,) and b.id.startswith(f"env:{b.rank}#") for b in batches)
     assert sorted(ledger.open_ids) == sorted(ids)
     assert all(ledger.ended[i] == LOST for i in ledger.issued if i not in ids)
-    assert steps._in_flight == []
+    assert steps.in_flight == []
 
 
 # --- generate / gather ------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def check_ids(steps: Steps, batches: list[Batch], *others: list[Batch]) -> None:
 def test_gather_returns_one_batch_per_rank_in_rank_order_under_its_id():
     steps, env, _ = driver()
     pending = steps.generate(env, "collect", collect)
-    assert steps._in_flight == [pending]
+    assert steps.in_flight == [pending]
     batches = steps.gather(pending)
     assert [b.rank for b in batches] == [0, 1, 2]
     assert [b.id for b in batches] == ["env:0#1", "env:1#2", "env:2#3"]
@@ -228,10 +228,10 @@ def test_gather_over_a_shrinkable_group_goes_on_without_a_rank_whose_node_was_lo
     assert steps.state.ledger.ended[pending.ids[2]] == LOST
 
 
-# --- retried, on_trainer, lost, heal ------------------------------------------------------------------
+# --- supervised, call_trainer, lost, heal ------------------------------------------------------------------
 
 
-def test_retried_heals_and_runs_the_step_again():
+def test_supervised_heals_and_runs_the_step_again():
     steps, env, _ = driver()
     env.kill(0)
     tries = []
@@ -242,11 +242,11 @@ def test_retried_heals_and_runs_the_step_again():
             raise gone_failure("env", env.gone_ranks())
         return "done"
 
-    assert steps.retried(step) == "done"
+    assert steps.supervised(step) == "done"
     assert tries == [0, 1] and len(steps.state.recoveries) == 1
 
 
-def test_retried_heals_after_a_weight_sync_error_too():
+def test_supervised_heals_after_a_weight_sync_error_too():
     steps, env, _ = driver()
     env.kill(2)
 
@@ -255,10 +255,10 @@ def test_retried_heals_after_a_weight_sync_error_too():
             raise WeightSyncError("prepare", 7, 5, gone_failure("env", [2]))
         return 7
 
-    assert steps.retried(step) == 7 and len(env.restarts) == 1
+    assert steps.supervised(step) == 7 and len(env.restarts) == 1
 
 
-def test_retried_does_not_retry_a_bug():
+def test_supervised_does_not_retry_a_bug():
     steps, _, _ = driver()
     tries = []
 
@@ -267,11 +267,11 @@ def test_retried_does_not_retry_a_bug():
         raise WorkerGroupError("env", "score", {0: RankFailure(0, 0, "KeyError: 'x'")})
 
     with pytest.raises(WorkerGroupError, match="KeyError"):
-        steps.retried(step)
+        steps.supervised(step)
     assert tries == [1]
 
 
-def test_retried_ends_when_the_restart_budget_is_spent():
+def test_supervised_ends_when_the_restart_budget_is_spent():
     steps, env, _ = driver(max_restarts=2)
 
     def step() -> None:  # the worker dies every time
@@ -279,12 +279,12 @@ def test_retried_ends_when_the_restart_budget_is_spent():
         raise gone_failure("env", [1])
 
     with pytest.raises(Exception, match="restart budget spent") as spent:
-        steps.retried(step)
+        steps.supervised(step)
     assert type(spent.value).__name__ == "RestartBudgetExhausted"
     assert len(steps.state.recoveries) == 2
 
 
-def test_on_trainer_turns_a_lost_trainer_rank_into_an_unsupervised_loss_and_never_retries():
+def test_call_trainer_turns_a_lost_trainer_rank_into_an_unsupervised_loss_and_never_retries():
     steps, _, trainer = driver()
     calls = []
 
@@ -294,12 +294,12 @@ def test_on_trainer_turns_a_lost_trainer_rank_into_an_unsupervised_loss_and_neve
         raise gone_failure("actor", [0])
 
     with pytest.raises(UnsupervisedLoss) as loss:
-        steps.on_trainer(update)
+        steps.call_trainer(update)
     assert loss.value.gone == {"actor": [0]} and calls == [1]
     assert trainer.restarts == [] and steps.state.recoveries == []
 
 
-def test_on_trainer_replaces_a_dead_worker_of_another_group_and_reraises():
+def test_call_trainer_replaces_a_dead_worker_of_another_group_and_reraises():
     steps, env, _ = driver()
     env.kill(2)
     error = gone_failure("env", [2])
@@ -308,7 +308,7 @@ def test_on_trainer_replaces_a_dead_worker_of_another_group_and_reraises():
         raise error
 
     with pytest.raises(WorkerGroupError) as raised:
-        steps.on_trainer(update)
+        steps.call_trainer(update)
     assert raised.value is error
     assert env.gone_ranks() == [] and len(steps.state.recoveries) == 1
 

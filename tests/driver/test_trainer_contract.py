@@ -6,7 +6,7 @@ import pytest
 
 from rlinfra import Worker
 from rlinfra.driver import TRAINER_METHODS, TrainerContractError
-from rlinfra.driver.job import check_trainer
+from rlinfra.driver.trainer import check_trainer
 from rlinfra.services.weights import WeightSender
 
 

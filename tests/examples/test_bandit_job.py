@@ -13,8 +13,9 @@ import signal
 import pytest
 from rich.console import Console
 
-from examples.bandit.job import Bandit, run
-from rlinfra.driver import JobConfigError, Run, read_events, read_metrics
+from examples.bandit.job import Bandit, Policy, Sampler
+from rlinfra import Worker
+from rlinfra.driver import Batch, JobConfigError, Run, Update, read_events, read_metrics
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.runtime.supervision import SupervisionError
 from tests.examples.job_checks import assert_resources_released, job_config, read_tensorboard, sigkill
@@ -40,7 +41,7 @@ def assert_every_batch_ended(summary: dict) -> None:
 
 
 def test_the_example_learns_and_stops_at_its_target(cluster, tmp_path) -> None:
-    result = run(bandit(tmp_path), cluster=cluster)
+    result = Bandit.run(bandit(tmp_path), cluster=cluster)
     summary = summary_of(tmp_path)
     assert result.outcome == summary["outcome"] == "target" and result.iterations < 200
     assert read_metrics(tmp_path)[-1]["mean_reward"] >= 0.75
@@ -51,7 +52,7 @@ def test_the_example_learns_and_stops_at_its_target(cluster, tmp_path) -> None:
 
 
 def test_the_budget_ends_every_batch(cluster, tmp_path) -> None:
-    result = run(bandit(tmp_path, "algo.iterations=3", "algo.target=2.0"), cluster=cluster)
+    result = Bandit.run(bandit(tmp_path, "algo.iterations=3", "algo.target=2.0"), cluster=cluster)
     assert result.outcome == summary_of(tmp_path)["outcome"] == "budget" and result.iterations == 3
     assert_every_batch_ended(summary_of(tmp_path))
     assert_resources_released()
@@ -63,11 +64,11 @@ def test_ctrl_c_ends_every_batch_and_resume_goes_on(cluster, tmp_path) -> None:
             signal.raise_signal(signal.SIGINT)
 
     cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=4")
-    stopped = run(cfg, cluster=cluster, on_iteration=ctrl_c)
+    stopped = Bandit.run(cfg, cluster=cluster, on_iteration=ctrl_c)
     assert stopped.interrupted and stopped.iterations == 2
     assert summary_of(tmp_path)["outcome"] == "interrupted"
     assert_every_batch_ended(summary_of(tmp_path))
-    resumed = run(cfg, cluster=cluster, resume=True)
+    resumed = Bandit.run(cfg, cluster=cluster, resume=True)
     assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.state.served_versions[0] == 2
     assert_every_batch_ended(summary_of(tmp_path))
     assert_resources_released()
@@ -86,7 +87,7 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     screen = io.StringIO()
     console = Console(file=screen, width=200)
     cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=6")
-    result = run(cfg, cluster=cluster, console=console, on_iteration=kill)
+    result = Bandit.run(cfg, cluster=cluster, console=console, on_iteration=kill)
 
     assert killed == ["rollout:1", "actor:0"] and result.iterations == 6
     shown = [line for line in screen.getvalue().splitlines() if line.startswith("recovered")]
@@ -117,7 +118,7 @@ def test_a_failed_run_ends_every_batch_and_reports(cluster, tmp_path) -> None:
 
     cfg = bandit(tmp_path, "algo.target=2.0", "cluster.component_placement.rollout.restart.max=0")
     with pytest.raises(SupervisionError, match="rollout"):
-        run(cfg, cluster=cluster, on_iteration=kill)
+        Bandit.run(cfg, cluster=cluster, on_iteration=kill)
     summary = summary_of(tmp_path)
     assert summary["outcome"] == "failed"
     assert_every_batch_ended(summary)
@@ -147,3 +148,66 @@ def test_a_trainer_the_job_does_not_have_is_refused_when_the_run_is_built(tmp_pa
     cfg = bandit(tmp_path, "run.trainer=actr")
     with pytest.raises(JobConfigError, match=r"run.trainer: 'actr' is not a component of the bandit job; "):
         Run(Bandit(cfg), cfg)
+
+
+class Baseline(Worker):
+    """A second trained group: the mean reward (a baseline a critic would learn), one update per
+    step, checkpointed and restored as bytes of its own."""
+
+    def setup(self, checkpoint: bytes | None) -> int:
+        self.mean, self.updates = (0.0, 0) if checkpoint is None else tuple(json.loads(checkpoint))
+        return self.updates
+
+    def train(self, batches: list[Batch]) -> Update:
+        rewards = [r for batch in batches for r in batch.payload["rewards"]]
+        self.mean += 0.5 * (sum(rewards) / max(len(rewards), 1) - self.mean)
+        self.updates += 1
+        return Update(self.updates, [batch.id for batch in batches], {"baseline": self.mean})
+
+    def checkpoint(self) -> bytes:
+        return json.dumps([self.mean, self.updates]).encode()
+
+
+class WithCritic(Bandit):
+    components = ("actor", "rollout", "critic")
+
+    def loop(self, run: Run) -> None:
+        algo = self.config.algo
+        policy = run.start_trainer(lambda: Policy.create_group(algo.learning_rate))
+        critic = run.start_trainer(lambda: Baseline.create_group(), "critic")
+        samplers = run.launch("rollout", Sampler.create_group(), max_concurrency=2)
+        pulls = run.batches(samplers, Sampler.pull, (algo.pulls,))
+        for step in run.steps(algo.iterations):
+            batches = pulls.gather()
+            run.commit()
+            pulls.issue()
+            step.train(policy.train, batches)
+            step.train(critic.train, batches)
+            step.log(mean_reward=0.0)
+
+
+def test_two_trained_groups_restart_together_each_from_its_own_checkpoint(cluster, tmp_path) -> None:
+    """An actor and a critic: each checkpointed; the critic's rank killed after iteration 3 (a
+    checkpoint every other one) brings both back from iteration 2, each from its own payload."""
+
+    def kill(record: dict) -> None:
+        if record["iteration"] == 3 and not killed:
+            killed.append(sigkill("critic:0"))
+
+    killed: list[int] = []
+    cfg = bandit(
+        tmp_path, "algo.iterations=5", "run.checkpoint_every=2", "cluster.component_placement.critic=3"
+    )
+    result = WithCritic.run(cfg, cluster=cluster, on_iteration=kill)
+    assert killed and result.iterations == 5
+    events = [(e["event"], e["component"], e["restored_iteration"]) for e in read_events(tmp_path)]
+    assert events == [("restarted", "actor", 2), ("restarted", "critic", 2)]
+    records = read_metrics(tmp_path)
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5] and all(
+        "critic_baseline" in r for r in records
+    )
+    saved = CheckpointStore(tmp_path).load_latest()
+    assert saved.payloads.keys() == {"actor", "critic"}
+    assert json.loads(saved.payloads["critic"])[1] == 5  # its updates: 2 restored, 3 redone after
+    assert_every_batch_ended(summary_of(tmp_path))
+    assert_resources_released()

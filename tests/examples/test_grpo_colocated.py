@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from examples.grpo_lm.job import run
+from examples.grpo_lm.job import GRPOJob
 from rlinfra.driver.metrics import read_metrics
 from rlinfra.runtime.timesharing import ComponentAsleepError
 from tests.examples.job_checks import (
@@ -42,7 +42,7 @@ def test_short_run_takes_turns_on_the_shared_devices_stays_on_policy_and_learns(
 
     updates = 60
     cfg = grpo_config("colocated", tmp_path, f"algo.updates={updates}", "algo.eval_every=30")
-    result = run(cfg, cluster=cluster, on_iteration=call_the_sleeping_actor)
+    result = GRPOJob.run(cfg, cluster=cluster, on_iteration=call_the_sleeping_actor)
 
     assert not result.interrupted and result.iterations == updates
     assert result.placements == planned_placements("colocated", example="grpo_lm")
@@ -74,7 +74,7 @@ def test_a_trainer_restarted_after_a_lost_rank_rejoins_the_turns_asleep(cluster,
     updates = 4
     overrides = (f"algo.updates={updates}", "algo.eval_every=2", "run.checkpoint_every=2", *GRPO_TINY_WARMUP)
     cfg = grpo_config("colocated", tmp_path, *overrides, start=None)
-    result = run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
+    result = GRPOJob.run(cfg, cluster=cluster, on_iteration=kill_trainer_rank_one)
 
     assert killed and result.iterations == updates
     (restart,) = result.state.trainer_restarts

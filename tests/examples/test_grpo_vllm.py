@@ -16,7 +16,7 @@ import json
 import pytest
 import ray
 
-from examples.grpo_lm.job import run
+from examples.grpo_lm.job import GRPOJob
 from rlinfra.config import JobConfigError
 from rlinfra.driver.metrics import read_metrics
 from rlinfra.services.weights.probe import LogprobMismatchError
@@ -51,7 +51,7 @@ def test_a_short_run_on_vllm_learns_through_a_killed_engine(cluster, tmp_path) -
     platforms: list[str] = []
     updates = 60
     cfg = grpo_config("vllm", tmp_path, f"algo.updates={updates}", "algo.eval_every=30", "run.plot=false")
-    result = run(cfg, cluster=cluster, on_iteration=_kill_an_engine_at_iteration_3(killed, platforms))
+    result = GRPOJob.run(cfg, cluster=cluster, on_iteration=_kill_an_engine_at_iteration_3(killed, platforms))
 
     assert platforms == ["cpu", "cpu"]  # the engines are rlinfra's vLLM engines, on vLLM's CPU platform
     assert not result.interrupted and result.iterations == updates
@@ -87,7 +87,7 @@ def test_the_job_on_vllm_reaches_its_target_through_a_killed_engine(cluster, tmp
     # algo.updates, so a longer budget keeps it up for longer. 500 held-out prompts, as the job.
     settings = ("algo.stop_at_target=true", "algo.updates=1000", "algo.eval_every=25", "algo.eval_size=500")
     cfg = grpo_config("vllm", tmp_path, *settings, "run.plot=false")
-    result = run(cfg, cluster=cluster, on_iteration=_kill_an_engine_at_iteration_3(killed, platforms))
+    result = GRPOJob.run(cfg, cluster=cluster, on_iteration=_kill_an_engine_at_iteration_3(killed, platforms))
     assert result.time_to_target_s is not None
     assert result.wall_s < TEN_MINUTES_S
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -104,7 +104,7 @@ def test_vllm_colocated_on_simulated_gpus_is_refused_before_anything_starts(clus
     )
     cfg = grpo_config("vllm", tmp_path, *colocated)
     with pytest.raises(JobConfigError, match=r"vLLM's sleep mode, which vLLM has on GPUs only"):
-        run(cfg, cluster=cluster)
+        GRPOJob.run(cfg, cluster=cluster)
     assert_resources_released()
 
 
@@ -113,7 +113,7 @@ def test_a_probe_the_engines_cannot_meet_fails_the_run_naming_engine_and_token(c
     first committed version, as a wrong load would, with a failure report."""
     cfg = grpo_config("vllm", tmp_path, "algo.updates=3", "engine.probe_tolerance=1e-12", "run.plot=false")
     with pytest.raises(LogprobMismatchError, match=r"version 1: .* at rollout:[01], sequence \d+, token \d+"):
-        run(cfg, cluster=cluster)
+        GRPOJob.run(cfg, cluster=cluster)
     report = json.loads((tmp_path / "failure.json").read_text())
     assert "LogprobMismatchError" in json.dumps(report)
     assert_resources_released()

@@ -17,7 +17,7 @@ import signal
 import pytest
 import ray
 
-from examples.grpo_lm.job import run
+from examples.grpo_lm.job import GRPOJob
 from rlinfra.driver.metrics import read_metrics
 from tests.engines.tiny_models import make_checkpoint
 from tests.examples.job_checks import assert_resources_released, grpo_config, job_config, planned_placements
@@ -51,7 +51,7 @@ def test_the_job_runs_a_users_qwen3_on_one_tp2_engine_through_a_killed_vllm_work
         "run.plot=false",
         start=start,
     )
-    result = run(cfg, cluster=cluster, on_iteration=_kill_a_vllm_worker_at_iteration_3(killed))
+    result = GRPOJob.run(cfg, cluster=cluster, on_iteration=_kill_a_vllm_worker_at_iteration_3(killed))
 
     assert killed and not result.interrupted and result.iterations == updates
     placements = planned_placements("vllm_tp2", example="grpo_lm")

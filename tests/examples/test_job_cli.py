@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.ppo_cartpole.__main__ import compose_config
-from examples.ppo_cartpole.__main__ import main as module_main
-from examples.ppo_cartpole.config import parse_job_config
-from rlinfra.driver import read_metrics
+from examples.ppo_cartpole.config import JobConfig
+from rlinfra.config import parse_config
+from rlinfra.config.loading import load_config
+from rlinfra.driver import read_metrics, run_module
 from tests.examples.job_checks import EXAMPLE, load_checkpoint
 from tests.processes import process_alive, process_group_alive
 
@@ -93,15 +93,18 @@ def test_sigterm_stops_cleanly_and_leaves_a_checkpoint_to_resume_from(tmp_path) 
 
 
 def test_module_entry_composes_hydra_overrides() -> None:
-    cfg = compose_config("disaggregated", ["algo.iterations=50", "run.output_dir=/tmp/x", "algo.seed=3"])
-    job = parse_job_config(cfg)
+    cfg = load_config(
+        EXAMPLE, "disaggregated", ["algo.iterations=50", "run.output_dir=/tmp/x", "algo.seed=3"]
+    )
+    job = parse_config(JobConfig, cfg)
     algo, settings = job.algo, job.run
     assert (algo.iterations, algo.seed, settings.output_dir) == (50, 3, "/tmp/x")
     assert cfg.cluster.component_placement.rollout.placement == "4-5"  # the rest is untouched
 
 
 def test_module_entry_rejects_a_bad_override_before_starting_ray(capsys) -> None:
-    assert module_main(["--config-name", "colocated", "algo.no_such_key=1"]) == 2
+    job = "examples.ppo_cartpole.job:PPOJob"
+    assert run_module(EXAMPLE, job, ["--config-name", "colocated", "algo.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
 
 
@@ -140,6 +143,6 @@ def test_a_bad_env_id_is_named_before_ray_starts(override: str, message: str) ->
 def test_bad_job_settings_are_named_before_ray_starts(override: str, message: str) -> None:
     from examples.ppo_cartpole.config import JobConfigError
 
-    cfg = compose_config("colocated", [override])
+    cfg = load_config(EXAMPLE, "colocated", [override])
     with pytest.raises(JobConfigError, match=message.replace("(", r"\(")):
-        parse_job_config(cfg)
+        parse_config(JobConfig, cfg)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from examples.ppo_cartpole.job import run
+from examples.ppo_cartpole.job import PPOJob
 from rlinfra.driver import read_metrics
 from tests.examples.job_checks import assert_resources_released, job_config, planned_placements
 
@@ -17,7 +17,7 @@ ITERATIONS = 4
 
 def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
     cfg = job_config("colocated", f"algo.iterations={ITERATIONS}", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster)
+    result = PPOJob.run(cfg, cluster=cluster)
 
     assert result.placements == planned_placements("colocated")
     actor, rollout = result.placements["actor"], result.placements["rollout"]
@@ -35,7 +35,7 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
 
 def test_strictly_on_policy_mode_trains_on_fresh_batches_only(cluster, tmp_path) -> None:
     cfg = job_config("colocated", "algo.iterations=3", "algo.max_staleness=0", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster)
+    result = PPOJob.run(cfg, cluster=cluster)
     records = read_metrics(tmp_path)
     # Collect, train, update, repeat: each batch comes from the version the learner is at.
     assert [r["staleness"] for r in records] == [0, 0, 0]

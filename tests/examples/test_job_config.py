@@ -8,9 +8,9 @@ import pytest
 import ray
 from pydantic import Field
 
-from examples.ppo_cartpole.config import JobConfigError, parse_job_config
-from examples.ppo_cartpole.job import main
-from rlinfra.config import Section, parse
+from examples.ppo_cartpole.config import JobConfig, JobConfigError
+from examples.ppo_cartpole.job import PPOJob
+from rlinfra.config import Section, parse, parse_config
 from rlinfra.driver import RunSettings
 from rlinfra.driver.entry import USAGE_ERROR
 from rlinfra.services.weights.barrier import TRANSPORTS
@@ -27,7 +27,7 @@ from tests.examples.job_checks import job_config
 )
 def test_an_unknown_top_level_section_is_named_with_the_nearest(override: str, message: str) -> None:
     with pytest.raises(JobConfigError, match=message):
-        parse_job_config(job_config("colocated", override))
+        parse_config(JobConfig, job_config("colocated", override))
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_an_unknown_top_level_section_is_named_with_the_nearest(override: str, m
 )
 def test_an_unknown_algo_or_run_key_is_named(override: str, message: str) -> None:
     with pytest.raises(JobConfigError, match=message):
-        parse_job_config(job_config("colocated", override))
+        parse_config(JobConfig, job_config("colocated", override))
 
 
 @pytest.mark.parametrize(
@@ -56,17 +56,17 @@ def test_an_unknown_algo_or_run_key_is_named(override: str, message: str) -> Non
 )
 def test_a_value_of_the_wrong_type_is_named(override: str, message: str) -> None:
     with pytest.raises(JobConfigError, match=message):
-        parse_job_config(job_config("colocated", override))
+        parse_config(JobConfig, job_config("colocated", override))
 
 
 def test_values_are_typed_by_the_schema() -> None:
-    job = parse_job_config(job_config("colocated", "algo.iterations='7'", "run.call_timeout_s=5"))
+    job = parse_config(JobConfig, job_config("colocated", "algo.iterations='7'", "run.call_timeout_s=5"))
     assert (job.algo.iterations, job.run.call_timeout_s) == (7, 5.0)
     assert isinstance(job.run.call_timeout_s, float)
 
 
 def test_main_refuses_a_bad_config_with_status_2_before_ray_starts(capsys) -> None:
-    assert main(job_config("colocated", "algoo.iterations=3")) == USAGE_ERROR
+    assert PPOJob.main(job_config("colocated", "algoo.iterations=3")) == USAGE_ERROR
     err = capsys.readouterr().err
     assert "unknown section 'algoo'" in err and "Traceback" not in err
     assert not ray.is_initialized()

@@ -13,7 +13,7 @@ import json
 import pytest
 import ray
 
-from examples.ppo_cartpole.job import run
+from examples.ppo_cartpole.job import PPOJob
 from rlinfra.driver import JobConfigError, read_metrics
 from tests.examples.job_checks import (
     assert_resources_released,
@@ -51,7 +51,7 @@ def test_short_run_places_syncs_and_learns(cluster, tmp_path) -> None:
             heavy_in_env_workers.extend(_imported_in(f"env:{rank}") for rank in range(2))
 
     cfg = job_config("disaggregated", f"algo.iterations={ITERATIONS}", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, on_iteration=look_into_the_env_workers)
+    result = PPOJob.run(cfg, cluster=cluster, on_iteration=look_into_the_env_workers)
 
     assert not result.interrupted and result.iterations == ITERATIONS
     assert result.placements == planned_placements("disaggregated")
@@ -93,7 +93,7 @@ def test_envs_that_do_not_split_over_the_env_workers_are_refused_before_any_work
 ) -> None:
     cfg = job_config("disaggregated", "algo.num_envs=15", f"run.output_dir={tmp_path}")
     with pytest.raises(JobConfigError, match=r"algo.num_envs: 15 cannot be split evenly over 2 env workers"):
-        run(cfg, cluster=cluster)
+        PPOJob.run(cfg, cluster=cluster)
     assert not ray.util.list_named_actors(all_namespaces=True)  # refused before any worker started
     assert json.loads((tmp_path / "summary.json").read_text())["outcome"] == "failed"
     assert_resources_released()

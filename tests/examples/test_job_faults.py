@@ -20,7 +20,7 @@ import pytest
 import ray
 import torch
 
-from examples.ppo_cartpole.job import run
+from examples.ppo_cartpole.job import PPOJob
 from rlinfra.driver import read_metrics
 from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
@@ -81,7 +81,7 @@ def test_killed_workers_are_replaced_and_a_killed_trainer_rank_restarts_from_its
         f"run.checkpoint_every={checkpoint_every}",
         f"run.output_dir={tmp_path}",
     )
-    result = run(
+    result = PPOJob.run(
         cfg,
         cluster=cluster,
         on_iteration=kill_mid_collection,
@@ -134,7 +134,7 @@ def test_a_dead_rollout_worker_past_its_restart_budget_stops_the_run(cluster, tm
         "cluster.component_placement.rollout.restart.max=0",
     )
     with pytest.raises((WorkerGroupError, WeightSyncError, RestartBudgetExhausted)) as failure:
-        run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
+        PPOJob.run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
     message = str(failure.value)
     assert "rollout:1" in message and "restart budget spent" in message, message
     # The failure report: printed (the exception's note, which main() prints) and kept as JSON.
@@ -167,7 +167,7 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
             sigkill("rollout:1")
 
     cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
-    stopped = run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
+    stopped = PPOJob.run(cfg, cluster=cluster, on_iteration=kill_rollout_one)
     assert stopped.interrupted and stopped.iterations == 2
     # Every batch id ended, those in flight at the stop too (dropped: the resumed run makes its own).
     assert stopped.batches["open"] == 0 and stopped.batches["duplicated"] == 0
@@ -182,7 +182,7 @@ def test_ctrl_c_during_a_recovery_releases_everything_and_resume_continues(
                 signal.raise_signal(signal.SIGINT)
 
     cfg = faulty("algo.iterations=10", f"run.output_dir={tmp_path}")
-    resumed = run(cfg, cluster=cluster, resume=True, on_iteration=swallowed_ctrl_c_at_four)
+    resumed = PPOJob.run(cfg, cluster=cluster, resume=True, on_iteration=swallowed_ctrl_c_at_four)
     assert resumed.resumed_from == 2 and resumed.iterations == 4 and resumed.interrupted
     records = read_metrics(tmp_path)
     assert [r["iteration"] for r in records] == [1, 2, 3, 4]
@@ -207,7 +207,7 @@ def test_trainer_past_its_restart_budget_stops_the_run(cluster, tmp_path):
         "cluster.component_placement.actor.restart.max=0",
     )
     with pytest.raises(RestartBudgetExhausted, match=r"actor:0 .*restart budget spent"):
-        run(cfg, cluster=cluster, on_iteration=kill_trainer)
+        PPOJob.run(cfg, cluster=cluster, on_iteration=kill_trainer)
     report = json.loads((tmp_path / "failure.json").read_text())
     assert [(a["component"], a["outcome"]) for a in report["attempts"]] == [("actor", "refused")]
     assert report["checkpoint"]["iteration"] == 1
@@ -233,7 +233,7 @@ def test_rollout_workers_removed_and_added_back_then_a_lost_node_leaves_its_work
             cluster.kill_node(2)
 
     cfg = faulty(f"algo.iterations={iterations}", f"run.output_dir={tmp_path}")
-    result = run(cfg, cluster=cluster, between_batches=scale, on_iteration=lose_node_two)
+    result = PPOJob.run(cfg, cluster=cluster, between_batches=scale, on_iteration=lose_node_two)
 
     assert result.iterations == iterations and not result.interrupted
     records = read_metrics(tmp_path)

@@ -58,6 +58,17 @@ class TestUnknownKeys:
                 "cluster.node_groups[0].env_configs[0]",
                 "unknown key 'env_var'; did you mean 'env_vars'?",
             ),
+            # keys that look like pydantic's names of union branches are still the user's keys
+            (
+                {"component_placement": {"a": {"placement": "0", "[": None}}},
+                "cluster.component_placement.a",
+                "unknown key '['",
+            ),
+            (
+                {"component_placement": {"a": {"placement": "0", "int": 1}}},
+                "cluster.component_placement.a",
+                "unknown key 'int'",
+            ),
         ],
     )
     def test_are_refused_with_the_nearest_valid_key(self, section: Any, where: str, problem: str) -> None:

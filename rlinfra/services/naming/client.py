@@ -226,7 +226,13 @@ class NamingService:
         """``put`` (returns the version) or a conditional write (``expected``: compare_and_set's),
         which returns whether it won and, when it loses, changes nothing here either. A claim (a
         conditional write under a lease) is re-registered after a loss only if nobody took it."""
-        _check_write(key, value, ttl_s, lease)
+        if not isinstance(key, str):
+            raise TypeError(f"naming keys are strings, got {type(key).__name__}")
+        if value is None:
+            raise ValueError(f"cannot store None under {key!r}: None means 'absent' (use delete)")
+        _check_ttl(ttl_s)
+        if ttl_s is not None and lease is not None:
+            raise ValueError(f"{key!r}: give ttl_s or lease, not both (a key lives by one clock)")
         op = f"{method}({key!r})"
         if lease is None:
             result = self._call(op, method, key, *expected, value, ttl_s, None)
@@ -294,13 +300,3 @@ def _require_ray(name: str, op: str) -> None:
 def _check_ttl(ttl_s: float | None) -> None:
     if ttl_s is not None and not ttl_s > 0:
         raise ValueError(f"ttl_s must be positive seconds, got {ttl_s!r}")
-
-
-def _check_write(key: str, value: Any, ttl_s: float | None, lease: Lease | None) -> None:
-    if not isinstance(key, str):
-        raise TypeError(f"naming keys are strings, got {type(key).__name__}")
-    if value is None:
-        raise ValueError(f"cannot store None under {key!r}: None means 'absent' (use delete)")
-    _check_ttl(ttl_s)
-    if ttl_s is not None and lease is not None:
-        raise ValueError(f"{key!r}: give ttl_s or lease, not both (a key lives by one clock)")

@@ -154,16 +154,13 @@ class LeaseKeeper:
                     )
             self.client.repair_lease(self.lease)
         except Exception as err:
-            self._note(err)
+            if not self._failing or repr(err) != repr(self.error):  # each distinct failure once
+                # A NamingError names the service already; anything else gets it added.
+                detail = str(err) if isinstance(err, NamingError) else f"{self.client}: {err!r}"
+                logger.warning("lease keeper for %r: %s", self.lease, detail)
+            self.error = err
+            self._failing = True
             return
         if self._failing:
             self._failing = False
             logger.info("lease keeper for %r of %s recovered", self.lease, self.client)
-
-    def _note(self, err: BaseException) -> None:
-        if not self._failing or repr(err) != repr(self.error):
-            # A NamingError names the service already; anything else gets it added.
-            detail = str(err) if isinstance(err, NamingError) else f"{self.client}: {err!r}"
-            logger.warning("lease keeper for %r: %s", self.lease, detail)
-        self.error = err
-        self._failing = True

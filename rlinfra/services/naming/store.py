@@ -206,14 +206,10 @@ class NamingStore:
         (a keep-alive pushes a new one), so an item counts only if it matches the current state."""
         while self._deadlines and self._deadlines[0][0] <= now:
             expires_at, kind, ident = heapq.heappop(self._deadlines)
-            if kind == "key":
-                entry = self._entries.get(ident)
-                if entry is not None and entry.expires_at == expires_at:
-                    self._remove(ident, "expire")
-            else:
-                lease = self._leases.get(ident)
-                if lease is not None and lease.expires_at == expires_at:
-                    self._end_lease(ident, "expire")
+            table, end = (self._entries, self._remove) if kind == "key" else (self._leases, self._end_lease)
+            current = table.get(ident)
+            if current is not None and current.expires_at == expires_at:
+                end(ident, "expire")
 
     async def _reap(self) -> None:
         """Sleep until the earliest deadline (or until an earlier one is added), then expire."""

@@ -1,40 +1,12 @@
 """Engine-style receivers: the version is loaded into the engine's own parameters and checked there.
 
-A real inference engine (vLLM, SGLang, a Hugging Face model serving ``generate``) cannot keep a
-second device copy of a large model, and what it serves is its own parameters, not a buffer the
-update filled. An ``EngineReceiver`` therefore works like this:
-
-    prepare (generation goes on)  the version is staged in private host memory (the object_store
-                                   or broadcast transport; ``private_buffers``), hashed as it lands
-    pause → swap                   the engine loads it (``engine_load``); a load that raises loads
-                                   the serving version again
-    verify                         the host copy is the version the trainer sent (its checksums),
-                                   and the engine's parameters hold exactly it (``engine_check``):
-                                   a load that went wrong is caught, not only a transfer that did
-    rollback                       the previous host copy is loaded again
-    resume                         ``weights_loaded`` has dropped every cache made with the old
-                                   weights (KV cache, prefix cache) before the gate opens
-
-Memory beyond the engine's own parameters: two host copies of the model, the serving version's
-(for rollback, and for admitting a replaced peer) and the one being staged, each reused by the
-update after next.
-
-The engine implements ``engine_state`` (and may override the others):
-
-    engine_state()           {trainer's name: tensor} — views of the parameters the engine serves
-                             (no copies), under the names the trainer's state dict uses
-    load_weights(named)      put each (name, host tensor) into the engine; default: ``copy_`` in
-                             place into ``engine_state()[name]``
-    engine_load(host)        the engine serves ``host``'s version; default: ``load_weights`` of
-                             its tensors, then ``weights_loaded``
-    engine_check(host)       raise ``WeightsVerifyError`` unless the engine holds exactly ``host``'s
-                             bytes; default: ``engine_state()`` hashed in the version's buckets
-    weights_loaded(version)  drop caches computed with other weights; default: nothing
-    engine_logprobs(seqs)    the engine's log-probs of given tokens, for the log-prob probe
-                             (``rlinfra.services.weights.probe``)
-
-Staging needs private host memory: ``object_store_shared`` (read-only shared memory) and
-``cuda_ipc`` (device memory) are refused at the first update, naming the receiver.
+A real inference engine cannot keep a second device copy of a large model, and what it serves is
+its own parameters, not a buffer the update filled. An ``EngineReceiver`` stages each version in
+private host memory (hashed as it lands), loads it into the engine at the swap (``engine_load``),
+verifies the engine's parameters against it (``engine_check``), loads the previous host copy on
+rollback, and drops the engine's caches (``weights_loaded``) before generation resumes. The
+engine implements ``engine_state`` (views of what it serves, under the trainer's names) and may
+override the other hooks. See docs/engines.md#engine-style-receivers.
 """
 
 from __future__ import annotations

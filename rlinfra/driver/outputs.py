@@ -1,0 +1,124 @@
+"""What a run shows and writes, in one place: the layout before any worker starts, a progress bar
+(on a terminal) and the job's line per step, ``metrics.jsonl`` (and TensorBoard), every survived
+fault (a console line, a metrics event, an entry of ``summary.json``), ``placement.json``, and at
+the end the training time to the target, the curve and ``summary.json``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlinfra.driver.metrics import MetricsLog, read_metrics
+from rlinfra.placement import ComponentPlacement
+from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.layout import Layout
+from rlinfra.runtime.supervision import Restart
+from rlinfra.views.node_view import node_loads
+from rlinfra.views.plan_view import render_plan
+
+from .entry import plot_curve
+from .result import SUMMARY_FILE, RunResult
+
+if TYPE_CHECKING:
+    from .job import Job
+
+PLACEMENT_FILE = "placement.json"
+CURVE_FILE = "curve.png"
+
+
+class RunOutputs:
+    """The console, the progress bar and the files of one run of ``job`` into ``output``;
+    ``resume_at``: the iteration the metrics continue from (None: a fresh run)."""
+
+    def __init__(self, job: Job, console: Console, output: Path, resume_at: int | None) -> None:
+        self.job, self.console, self.output = job, console, output
+        self.log = MetricsLog(output, resume_at, tensorboard=job.settings.tensorboard)
+        self.bar = Progress(
+            TextColumn(f"[bold]{job.title}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+            console=console, disable=not console.is_terminal,
+        )  # fmt: skip
+        self.task = self.bar.add_task("train", total=None, status="")
+
+    def plan(
+        self, cluster: Cluster, placement: ComponentPlacement, layout: Layout, result: RunResult
+    ) -> None:
+        """The same tables, map and layout as ``rlinfra plan``, for the live cluster and the
+        placement group just reserved; the relations of the job's components, for the result."""
+        cpus = [int(node.resources.get("CPU", 0)) for node in cluster.nodes]
+        loads = node_loads(layout.plan, cluster.spec.num_nodes, cpus)
+        render_plan(self.console, cluster.spec, placement, layout.plan, loads, show_all=False)
+        self.console.print()
+        pairs = itertools.pairwise(self.job.components)
+        result.relations = {f"{a}-{b}": layout.plan.relation(a, b) for a, b in pairs}
+
+    def placed(self, placement: ComponentPlacement, layout: Layout, result: RunResult) -> None:
+        """``placement.json``: where each component's ranks were placed, once they run."""
+        names = self.job.components
+        result.placements = {n: [p.to_dict() for p in placement.get_placements(n)] for n in names}
+        result.misplaced_bundles = [
+            f"{name}:{row.rank} planned on node {row.planned_node_rank}, placed on {row.node_rank}"
+            for name in names
+            for row in layout.bundle_report(name)
+            if not row.matches
+        ]
+        placed = {"components": result.placements, "relations": result.relations}
+        (self.output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
+
+    def begin(self, total: int, done: int) -> None:
+        """The progress bar, from ``done`` of ``total`` steps."""
+        self.bar.update(self.task, total=total, completed=done)
+        self.bar.start()
+
+    def step(self, record: dict[str, Any]) -> None:
+        """A step's record: logged, on the bar, and as the job's line."""
+        self.log.write(record)
+        key = self.job.target_key
+        status = f"{key} {record[key]:.3f}" if record.get(key) is not None else ""
+        self.bar.update(self.task, completed=record["iteration"], status=status)
+        line = self.job.line(record)
+        if line is not None:
+            self.console.print(line, highlight=False, soft_wrap=True)
+
+    def event(self, restart: Restart, iteration: int, served_after_s: float, **extra: Any) -> dict[str, Any]:
+        """A survived fault: a console line and a metrics event; returns it for ``summary.json``."""
+        event = {
+            "event": restart.outcome,
+            "iteration": iteration,
+            "component": restart.component,
+            "rank": restart.rank,
+            "node": restart.node_rank,
+            "cause": restart.reason.splitlines()[0] if restart.reason else "",
+            "detail": restart.detail,
+            "served_after_s": round(served_after_s, 3),
+        } | {key: value for key, value in extra.items() if value is not None}
+        self.log.event(event)
+        worker, cause = f"{restart.component}:{restart.rank}", event["cause"]
+        line = (
+            f"{worker}: dropped after {cause}; its node is lost, the run goes on without it"
+            if restart.node_rank is None
+            else f"{worker} on node {restart.node_rank}: {restart.outcome} after {cause}; serving again "
+            f"{served_after_s:.1f} s later"
+        )
+        self.console.print(f"[yellow]recovered[/] {line}", highlight=False, soft_wrap=True)
+        return event
+
+    def end(self, result: RunResult, name: str) -> None:
+        """However the run ended: the bar and the log closed; the training time to the target
+        (from every record, resumed runs included), the curve towards it, ``summary.json``."""
+        self.bar.stop()
+        self.log.close()
+        job, settings = self.job, self.job.settings
+        key, target = job.target_key, job.target()
+        if key and target is not None:
+            points = [p for p in job.curve(read_metrics(self.output)) if p.get(key) is not None]
+            result.time_to_target_s = next((p["time_s"] for p in points if p[key] >= target), None)
+            if settings.plot:
+                title = f"{job.title}: {name or self.output.name}"
+                result.plot = plot_curve(points, self.output / CURVE_FILE, key, target, title, job.unit)
+        (self.output / SUMMARY_FILE).write_text(json.dumps(result.summary(), indent=1), encoding="utf-8")
