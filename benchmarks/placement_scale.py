@@ -8,7 +8,9 @@ for N in 10, 100, 1,000, 4,000. Figures, best of ``--repeat`` runs each:
 * ``vs_floor``: that time divided by the time to build the same number of bare tuples shaped
   like a ``Placement`` (14 fields, three of them lists, as RLinf's types are) — the floor any
   Python engine pays for its output, measured in the same run;
-* ``growth``: time(N) / time(previous N) divided by the node ratio — 1.0 is exactly linear.
+* ``growth``: time(N) / time(previous N) divided by the node ratio — 1.0 is exactly linear;
+* ``memory_vs_plain``: the same placement with every accelerator's memory predicted (the actor
+  and rollout declare a Qwen2.5-7B trainer), against the plain one. Goal: at most 2.0.
 
 Goal (issue 23): 1,000 x 8 under 15 ms, growth ≈ 1 (RLinf 0.3.0 takes about 20 s at 1,000 x 8).
 The last line printed is one JSON object with every figure.
@@ -17,6 +19,8 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import harness
 
@@ -26,12 +30,19 @@ NODE_COUNTS = (10, 100, 1000, 4000)
 ACCELERATORS = 8
 
 
-def resolve_once(num_nodes: int) -> tuple[float, int]:
+MODEL = str(Path(__file__).parents[1] / "examples" / "memory" / "qwen2.5-7b.json")
+
+
+def resolve_once(num_nodes: int, memory: bool = False) -> tuple[float, int]:
+    shared: Any = "all"
+    if memory:  # each process's memory predicted too: the same placement, planned with memory
+        shared = {"placement": "all", "model": MODEL, "memory": {"role": "trainer", "sharding": "fsdp"}}
     cfg = {
         "cluster": {
             "num_nodes": num_nodes,
+            "accelerator": "H100",
             "component_placement": {
-                "actor,rollout": "all",
+                "actor,rollout": shared,
                 "env": {"node_group": "node", "placement": "all"},
             },
         }
@@ -66,10 +77,14 @@ def main() -> None:
 
     results = []
     previous: dict | None = None
-    print(f"{'nodes':>6} {'processes':>10} {'ms':>9} {'floor ms':>9} {'vs_floor':>9} {'growth':>7}")
+    print(
+        f"{'nodes':>6} {'processes':>10} {'ms':>9} {'floor ms':>9} {'vs_floor':>9} {'growth':>7} "
+        f"{'memory ms':>10} {'x':>5}"
+    )
     for num_nodes in node_counts:
         best, records = min(resolve_once(num_nodes) for _ in range(args.repeat))
         floor = min(floor_once(records) for _ in range(args.repeat))
+        with_memory = min(resolve_once(num_nodes, memory=True)[0] for _ in range(args.repeat))
         row = {
             "nodes": num_nodes,
             "processes": records,
@@ -77,13 +92,15 @@ def main() -> None:
             "floor_ms": round(floor * 1000, 2),
             "vs_floor": round(best / floor, 2),
             "growth": None,
+            "memory_ms": round(with_memory * 1000, 2),
+            "memory_vs_plain": round(with_memory / best, 2),
         }
         if previous is not None:
             row["growth"] = round((best / previous["seconds"]) / (num_nodes / previous["nodes"]), 2)
         growth = "" if row["growth"] is None else f"{row['growth']:.2f}"
         print(
             f"{num_nodes:>6} {records:>10} {row['ms']:>9.2f} {row['floor_ms']:>9.2f} "
-            f"{row['vs_floor']:>9.2f} {growth:>7}"
+            f"{row['vs_floor']:>9.2f} {growth:>7} {row['memory_ms']:>10.2f} {row['memory_vs_plain']:>5.2f}"
         )
         previous = {"seconds": best, "nodes": num_nodes}
         results.append(row)
@@ -95,6 +112,10 @@ def main() -> None:
         "ms_at_1000x8": at_1000,
         "goal_ms_at_1000x8": 15,
         "max_growth": max(r["growth"] for r in results if r["growth"] is not None),
+        "memory_vs_plain_at_1000x8": next(
+            (r["memory_vs_plain"] for r in results if r["nodes"] == 1000), None
+        ),
+        "goal_memory_vs_plain": 2.0,
     }
     harness.emit(summary, args.smoke)
 

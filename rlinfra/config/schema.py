@@ -46,7 +46,7 @@ class Section(BaseModel):
 
 
 def _scalar(annotation: Any) -> Any:
-    """``int`` for ``int | None``; any other annotation as it is."""
+    """``int`` for ``int | None`` (a section for an optional section); any other annotation as it is."""
     args = get_args(annotation)
     return args[0] if len(args) == 2 and args[1] is type(None) else annotation
 
@@ -129,7 +129,7 @@ def _is_type_tag(part: Any) -> bool:
 def _model_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
     for part in loc:
         field = schema.model_fields.get(str(part))
-        annotation = field.annotation if field is not None else None
+        annotation = _scalar(field.annotation) if field is not None else None
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             schema = annotation
     return schema

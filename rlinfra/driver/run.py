@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.text import Text
 
 from rlinfra.config import JobConfigError, did_you_mean
 from rlinfra.driver.checkpoints import CheckpointStore
@@ -138,6 +139,8 @@ class Run(TrainedGroups):
         try:
             self.cluster = self._given_cluster or Cluster(self.cfg["cluster"])
             self.placement = ComponentPlacement(self.cfg, self.cluster)
+            for warning in self.placement.memory_warnings:  # cluster.memory_check: warn
+                self.console.print(Text.assemble(("warning: ", "yellow"), warning), soft_wrap=True)
             self._reserve(result)
             job.check(self)
             with self._ctrl_c.watching():

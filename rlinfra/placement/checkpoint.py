@@ -6,9 +6,10 @@ counted once). The plan shows it beside the processes that hold the model."""
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from pathlib import Path
+
+from rlinfra.config import ConfigError
+from rlinfra.placement.model_size import ARCHITECTURES, parameter_count, read_model_config
 
 
 @dataclass(frozen=True)
@@ -29,16 +30,17 @@ class Checkpoint:
 
 @functools.cache  # the plan's table and its JSON, and each component a key names, ask alike
 def describe_checkpoint(path: str) -> Checkpoint:
-    config_file = Path(path) / "config.json"
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError):
+        config = read_model_config(path)
+    except ConfigError:
         return Checkpoint(path, None, None)
     architecture = ",".join(config.get("architectures") or [config.get("model_type", "unknown")])
-    return Checkpoint(path, architecture, _count_parameters(path))
+    counted = config.get("model_type") in ARCHITECTURES
+    return Checkpoint(path, architecture, parameter_count(config) if counted else _count_parameters(path))
 
 
 def _count_parameters(path: str) -> int | None:
+    """Other architectures: what transformers builds on the ``meta`` device, where it knows them."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

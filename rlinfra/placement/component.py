@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from rlinfra.config import ConfigError
 from rlinfra.placement.cluster_spec import ClusterSpec
 from rlinfra.placement.config import (
     ClusterConfig,
@@ -26,6 +27,8 @@ from rlinfra.placement.errors import PlacementError
 from rlinfra.placement.gc_pause import gc_paused
 from rlinfra.placement.grammar import parse_placement
 from rlinfra.placement.mapping import assign_resources
+from rlinfra.placement.memory import GIB, Declared, DeviceMemory, check_engines, plan_devices, refuse_overfull
+from rlinfra.placement.model_size import ModelShape, read_model_config
 from rlinfra.placement.record import Placement
 from rlinfra.placement.strategies import (
     FlexiblePlacementStrategy,
@@ -69,6 +72,14 @@ class ComponentPlacement:
                 strategy = self._resolve(entry)
                 self._check_constraints(strategy, strategy.get_placement(self.cluster_spec), entry.key)
                 self._strategies.update(dict.fromkeys(entry.names, strategy))
+        self.memory: list[DeviceMemory] = self._plan_memory()
+        self.memory_warnings: list[str] = []  # overfull devices, with ``cluster.memory_check: warn``
+        for device in self.memory:
+            if not device.fits:
+                error = refuse_overfull(device, self._declared, _PLACEMENT_PATH)
+                if self.config.memory_check == "error":
+                    raise error
+                self.memory_warnings.append(str(error))
 
     def _parse(self, section: Any, cluster: Any) -> ClusterConfig:
         """``section`` parsed, with the cluster's node count when it gives none. A live ``Cluster``
@@ -150,6 +161,40 @@ class ComponentPlacement:
         strategy.num_cpus, strategy.restart = entry.num_cpus, entry.restart
         return strategy
 
+    def _plan_memory(self) -> list[DeviceMemory]:
+        """Every accelerator's predicted memory (``rlinfra.placement.memory``), for the components
+        that declare ``memory``; an engine that cannot hold one request is refused here."""
+        self._declared = {
+            name: Declared(
+                entry.memory, ModelShape.of(read_model_config(entry.model)), self.get_world_size(name)
+            )
+            for entry in self.config.components
+            if entry.memory is not None and entry.model is not None
+            for name in entry.names
+        }
+        if not self._declared:
+            return []
+        placements = {name: self.get_placements(name) for name in self._declared}
+        devices = plan_devices(placements, self._declared, self._accelerator_bytes)
+        check_engines(devices, _PLACEMENT_PATH)
+        return devices
+
+    def _accelerator_bytes(self, node: int) -> int:
+        sizes = [
+            group.accelerator_gib
+            for group in self.cluster_spec.node_groups.values()
+            if group.accelerator_gib is not None and node in group.node_ranks
+        ]
+        size = sizes[0] if sizes else self.config.accelerator_gib
+        if size is None:
+            raise PlacementError(
+                f"node {node}'s accelerators have no memory size, which the memory plan needs",
+                where="cluster.accelerator",
+                expected="a known accelerator (H100, A100-80GB, …) or {memory_gib: N}, for the cluster "
+                "or the node's node group",
+            )
+        return int(size * GIB)
+
     def _check_constraints(self, strategy: PlacementStrategy, placements: list[Placement], key: str) -> None:
         """What can be checked without a live cluster: the allowed nodes, and that node group and
         component labels agree."""
@@ -158,6 +203,13 @@ class ComponentPlacement:
         groups = self.group_constraints
         if any(groups[label] for label in strategy.node_groups):
             process_constraints(placements, strategy.constraints, groups, where=f"{path}.labels")
+
+
+def _model_shape(entry: ComponentConfig) -> ModelShape:
+    try:
+        return ModelShape.of(read_model_config(str(entry.model)))
+    except ConfigError as error:  # unreadable, or an architecture the plan cannot count
+        raise replace(error, where=f"{_PLACEMENT_PATH}.{entry.key}.model") from None
 
 
 _PLACEMENT_KEY = "component_placement"

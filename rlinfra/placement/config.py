@@ -19,6 +19,11 @@ cluster spec and placement (``node_groups``, ``components``), the runtime (``add
       secrets: {...}              # rlinfra.placement.secret_specs
       env_allowlist: [WANDB_*]    # driver variables workers may inherit, beyond the defaults
       profiling: {...}            # rlinfra.placement.profiling (RLinf's schema)
+      accelerator: H100           # each accelerator's memory (or {memory_gib: N}), for the memory plan
+      memory_check: error         # or warn: a device the memory plan overfills is only a warning
+
+A component's mapping may add ``model`` (a checkpoint folder or its ``config.json``) and
+``memory`` (``rlinfra.placement.memory``): its role and the settings that change its memory.
 """
 
 from __future__ import annotations
@@ -31,18 +36,15 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from rlinfra.config import Section, parse
-from rlinfra.placement.config_access import (
-    as_mapping,
-    name_list,
-    require_int,
-)
+from rlinfra.placement.config_access import as_mapping, name_list, require_int
 from rlinfra.placement.constraints import NO_CONSTRAINTS, Constraints, parse_constraints
 from rlinfra.placement.env_vars import ENV_NAME, NO_ENV_VARS, EnvVars, parse_env_vars
 from rlinfra.placement.errors import PlacementError, Span, plural
 from rlinfra.placement.grammar import bounded_int, comma_parts
-from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, parse_node_groups
-from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
-from rlinfra.placement.restart import RestartPolicy, parse_restart
+from rlinfra.placement.memory import MemorySettings, parse_memory
+from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, accelerator_gib, parse_node_groups
+from rlinfra.placement.profiling import ProfilingConfig
+from rlinfra.placement.restart import RestartPolicy
 from rlinfra.placement.secret_specs import SecretSpec
 
 MAX_NODES = 100_000
@@ -87,6 +89,7 @@ class ComponentConfig:
     num_cpus: float | None = None
     restart: RestartPolicy | None = None
     model: str | None = None
+    memory: MemorySettings | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class ClusterConfig:
     secrets: tuple[SecretSpec, ...] = ()
     env_allowlist: tuple[str, ...] = ()
     profiling: ProfilingConfig | None = None
+    accelerator_gib: float | None = None  # every node's accelerators, unless its node group says
+    memory_check: Literal["error", "warn"] = "error"
 
 
 class _Written(Section):
@@ -131,8 +136,12 @@ class _Written(Section):
     node_timeout: float = Field(default=DEFAULT_NODE_TIMEOUT_S, gt=0)
     secrets: Any = None
     env_allowlist: list[str] | None = None
-    profiling: Any = None
+    profiling: ProfilingConfig | None = None
     auto_scheduler: Literal[False] = False
+    accelerator: Any = None
+    memory_check: Literal["error", "warn"] = Field(
+        default="error", description="what a device the memory plan overfills is"
+    )
 
 
 _SIMULATE_ONLY = ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
@@ -196,7 +205,9 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
         node_timeout=written.node_timeout,
         secrets=parse_secret_specs(written.secrets, f"{where}.secrets"),
         env_allowlist=tuple(written.env_allowlist or ()),
-        profiling=parse_profiling(written.profiling, f"{where}.profiling"),
+        profiling=written.profiling,
+        accelerator_gib=accelerator_gib(written.accelerator, f"{where}.accelerator"),
+        memory_check=written.memory_check,
     )
 
 
@@ -246,10 +257,11 @@ class _Entry(Section):
     env_vars: Any = None
     constraints: Any = None
     num_cpus: float | None = Field(default=None, ge=0, description="CPUs per process")
-    restart: Any = None
+    restart: RestartPolicy | None = None
     model: str | None = Field(
-        default=None, strict=True, description="a checkpoint path: a Hugging Face directory"
+        default=None, strict=True, description="a checkpoint path: a Hugging Face folder or its config.json"
     )
+    memory: Any = None
 
 
 def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> ComponentConfig:
@@ -265,9 +277,22 @@ def _parse_component(key: str, value: Any, num_nodes: int, path: str) -> Compone
         parse_env_vars(entry.env_vars, f"{path}.env_vars"),
         parse_constraints(entry.constraints, f"{path}.constraints", num_nodes),
         entry.num_cpus,
-        parse_restart(entry.restart, f"{path}.restart"),
+        entry.restart,
         entry.model or None,  # empty: an interpolated path the job leaves unset
+        _memory(entry, path),
     )
+
+
+def _memory(entry: _Entry, path: str) -> MemorySettings | None:
+    if entry.memory is None:
+        return None
+    if not entry.model:
+        raise PlacementError(
+            "a memory declaration needs the component's model",
+            where=f"{path}.model",
+            expected="the model's checkpoint directory or its config.json (a 2 KB file is enough)",
+        )
+    return parse_memory(entry.memory, f"{path}.memory")
 
 
 def _placement_text(value: Any, where: str) -> str:

@@ -45,7 +45,26 @@ RESERVED_GROUPS = (CLUSTER_GROUP, NODE_GROUP)
 NODE_KIND = "node"  # the resource kind of a whole node
 DEFAULT_ACCELERATOR_TYPE = "GPU"
 
-_GROUP_FIELDS = ("label", "node_ranks", "hardware", "env_configs", "ignore_hardware", "constraints")
+_GROUP_FIELDS = (
+    "label",
+    "node_ranks",
+    "hardware",
+    "env_configs",
+    "ignore_hardware",
+    "constraints",
+    "accelerator",
+)
+# nvidia-smi's total memory of known accelerators, in GiB (MiB / 1024): the memory plan's devices.
+ACCELERATOR_GIB = {
+    "A10": 22.49,
+    "A100-40GB": 40.0,
+    "A100-80GB": 80.0,
+    "H100": 79.65,
+    "H20": 95.58,
+    "H200": 140.4,
+    "L4": 22.49,
+    "L40S": 44.99,
+}
 _HARDWARE_FIELDS = ("type", "configs")
 _ENV_FIELDS = ("node_ranks", "env_vars", "python_interpreter_path")
 
@@ -97,6 +116,7 @@ class NodeGroup:
     env_configs: tuple[EnvConfig, ...] = ()
     ignore_hardware: bool = False
     constraints: Constraints = NO_CONSTRAINTS
+    accelerator_gib: float | None = None  # each accelerator's memory, for the memory plan
 
     def interpreter_on(self, node_rank: int) -> str | None:
         """The ``python_interpreter_path`` of this group's processes on ``node_rank``, if set."""
@@ -182,7 +202,26 @@ def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
     constraints = parse_constraints(
         section.get("constraints"), f"{where}.constraints", num_nodes, allow_nodes=False
     )
-    return NodeGroup(label, node_ranks, hardware_type, hardware, env_configs, ignore_hardware, constraints)
+    accelerator = accelerator_gib(section.get("accelerator"), f"{where}.accelerator")
+    return NodeGroup(
+        label, node_ranks, hardware_type, hardware, env_configs, ignore_hardware, constraints, accelerator
+    )
+
+
+def accelerator_gib(raw: Any, where: str) -> float | None:
+    """An ``accelerator``: a known name (``H100``) or ``{memory_gib: N}``, as its memory in GiB."""
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw in ACCELERATOR_GIB:
+        return ACCELERATOR_GIB[raw]
+    memory = as_section(raw, ("memory_gib",), where).get("memory_gib") if isinstance(raw, Mapping) else None
+    if isinstance(memory, (int, float)) and not isinstance(memory, bool) and memory > 0:
+        return float(memory)
+    raise PlacementError(
+        f"unknown accelerator {raw!r}" if isinstance(raw, str) else f"expected a memory size, got {raw!r}",
+        where=where,
+        expected="one of " + ", ".join(ACCELERATOR_GIB) + ", or {memory_gib: N} (N > 0)",
+    )
 
 
 def _parse_hardware(

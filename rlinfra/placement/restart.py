@@ -11,17 +11,14 @@ bug to report, not a fault to ride out. Without the key a component gets ``DEFAU
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ConfigDict, Field
 
-from rlinfra.config import Section, parse
-from rlinfra.placement.errors import PlacementError
+from rlinfra.config import Section
 
 
 class RestartPolicy(Section):
     """At most ``max_restarts`` (YAML: ``max``) replacements of the component's workers within
-    ``within_s`` seconds."""
+    ``within_s`` seconds; either may be left out (the defaults are 3 and 600 s)."""
 
     model_config = ConfigDict(validate_by_name=True)
     max_restarts: int = Field(default=3, ge=0, alias="max")
@@ -29,8 +26,3 @@ class RestartPolicy(Section):
 
 
 DEFAULT_RESTART = RestartPolicy()
-
-
-def parse_restart(value: Any, where: str) -> RestartPolicy | None:
-    """``{max: N, within_s: S}`` (either may be left out: the defaults are 3 and 600 s)."""
-    return None if value is None else parse(RestartPolicy, value, where, PlacementError)

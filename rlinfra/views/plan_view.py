@@ -24,6 +24,7 @@ from rlinfra.placement.checkpoint import describe_checkpoint
 from rlinfra.placement.errors import rank_runs, short_ranks
 from rlinfra.views.device_map import NodeRow, Occupants, build_device_map
 from rlinfra.views.layout_view import layout_table, layout_to_dict, relations_text
+from rlinfra.views.memory_view import memory_table, memory_to_dict
 from rlinfra.views.node_view import NodeLoad, nodes_table, nodes_to_dict
 from rlinfra.views.tables import make_console, titled_table
 
@@ -89,7 +90,7 @@ def plan_to_dict(
         },
         "layout": layout_to_dict(layout, placement),
         "nodes": nodes_to_dict(loads),
-    }
+    } | ({"memory": memory_to_dict(placement)} if placement.memory else {})
 
 
 def dumps_plan(value: Any, level: int = 0) -> str:
@@ -125,6 +126,7 @@ def render_plan(
         layout_table(layout, placement, colors, show_all),
         relations_text(layout, placement, colors, show_all),  # None for a single component
         nodes_table(loads, show_all),
+        memory_table(placement),  # None without a memory declaration
     ]
     console.print(_cluster_line(spec))
     for section in sections:
