@@ -17,6 +17,7 @@ from examples.bandit.job import Bandit, Policy, Sampler
 from rlinfra import Worker
 from rlinfra.driver import Batch, JobConfigError, Run, Update, read_events, read_metrics
 from rlinfra.driver.checkpoints import CheckpointStore
+from rlinfra.placement import PlacementError
 from rlinfra.runtime.supervision import SupervisionError
 from tests.examples.job_checks import assert_resources_released, job_config, read_tensorboard, sigkill
 
@@ -210,4 +211,17 @@ def test_two_trained_groups_restart_together_each_from_its_own_checkpoint(cluste
     assert saved.payloads.keys() == {"actor", "critic"}
     assert json.loads(saved.payloads["critic"])[1] == 5  # its updates: 2 restored, 3 redone after
     assert_every_batch_ended(summary_of(tmp_path))
+    assert_resources_released()
+
+
+def test_a_run_refuses_a_plan_its_memory_declaration_overfills_before_any_worker_starts(cluster, tmp_path):
+    cfg = bandit(tmp_path)
+    cfg.cluster.accelerator = {"memory_gib": 8}  # a 7B trainer's states alone are 113 GiB
+    cfg.cluster.component_placement.actor = {
+        "placement": 0,
+        "model": "examples/memory/qwen2.5-7b.json",
+        "memory": {"role": "trainer"},
+    }
+    with pytest.raises(PlacementError, match=r"node 0 device 0: phase 'all' needs .* GiB of 8\.0 GiB"):
+        Bandit.run(cfg, cluster=cluster)
     assert_resources_released()
