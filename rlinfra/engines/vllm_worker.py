@@ -90,16 +90,16 @@ class SharedMemoryTransfer(WeightTransferEngine[NoConnection, SharedMemoryUpdate
         self.version = update_info.version
 
     def init_transfer_engine(self, init_info: NoConnection) -> None:
-        pass
+        """Nothing to connect: each update's payload names the files to map."""
 
-    def start_weight_update(self) -> None:  # loads in place: vLLM's layerwise reload is not needed
-        pass
+    def start_weight_update(self) -> None:
+        """Nothing to prepare: the load is in place, vLLM's layerwise reload is not needed."""
 
     def finish_weight_update(self) -> None:
-        pass
+        """Nothing to finalize (in-place load, see ``start_weight_update``)."""
 
     def shutdown(self) -> None:
-        pass
+        """Nothing to release: the mapped files belong to the engine's ``MappableBuffers``."""
 
 
 WeightTransferEngineFactory.register_engine(WEIGHT_BACKEND, SharedMemoryTransfer)

@@ -219,12 +219,8 @@ class JobsClient:
             result = response.json()["data"]["result"]
         if result.get("num_after_truncation", 0) < result.get("total", 0):
             raise JobsError(f"the cluster at {self.address} has over {_NODE_LIMIT} nodes; cannot sum them")
-        totals: dict[str, float] = {}
-        for node in result["result"]:
-            if node.get("state") == "ALIVE":
-                for name, amount in (node.get("resources_total") or {}).items():
-                    totals[name] = totals.get(name, 0.0) + float(amount)
-        return totals
+        alive = [node.get("resources_total") or {} for node in result["result"] if node["state"] == "ALIVE"]
+        return {name: sum(float(node.get(name, 0.0)) for node in alive) for name in set().union(*alive)}
 
     def require(self, expected: Mapping[str, float]) -> None:
         """Raise ``JobsError`` with the diff unless the cluster's totals match ``expected``.
@@ -253,15 +249,14 @@ class JobsClient:
         ``runtime_env`` is checked again for credentials here, so no caller can bypass the check;
         so are ``metadata`` values, which Ray shows next to it.
         """
-        env = dict(runtime_env or {})
-        refuse_secrets(env.get("env_vars") or {}, "runtime_env env_vars:")
+        refuse_secrets((runtime_env or {}).get("env_vars") or {}, "runtime_env env_vars:")
         refuse_secrets(metadata or {}, "job metadata")
         if URL_WITH_PASSWORD.search(entrypoint):
             raise JobsError(f"the entrypoint holds a URL with a user:password part. {SECRETS_HINT}.")
         with self._calling("submit the job"):
             return self._client.submit_job(
                 entrypoint=entrypoint,
-                runtime_env=env or None,
+                runtime_env=dict(runtime_env) if runtime_env else None,
                 submission_id=submission_id,
                 metadata=dict(metadata) if metadata else None,
             )
@@ -291,9 +286,7 @@ class JobsClient:
         with self._calling("follow the job's logs", job_id):
             self.status(job_id)  # an unknown id fails here, clearly, not as a websocket error
             try:
-                asyncio.run(
-                    asyncio.wait_for(follow(), None if deadline.limit_s == math.inf else deadline.left())
-                )
+                asyncio.run(asyncio.wait_for(follow(), None if timeout_s is None else deadline.left()))
             except asyncio.TimeoutError:  # caught here: _calling would take it for a network error
                 return self.status(job_id)
         # The log stream closes when the job ends; the status can lag it by a moment.

@@ -93,13 +93,12 @@ def job_from_config(
     since Slurm's ``--gpus-per-node`` is one number)."""
     config = parse_cluster_config(cluster_cfg)
     if gpus_per_node is None and config.simulate is not None:
-        counts = config.simulate
-        if len(set(counts)) != 1:
+        if len(set(config.simulate)) != 1:
             raise SlurmError(
-                f"cluster.simulate gives different GPU counts per node ({list(counts)}); sbatch asks for "
-                "one number per node: pass --gpus-per-node"
+                f"cluster.simulate gives different GPU counts per node ({list(config.simulate)}); sbatch "
+                "asks for one number per node: pass --gpus-per-node"
             )
-        gpus_per_node = counts[0]
+        gpus_per_node = config.simulate[0]
     return SlurmJob(num_nodes=config.num_nodes, driver=tuple(driver), gpus_per_node=gpus_per_node, **options)
 
 
