@@ -22,6 +22,6 @@ service until something under the prefix changes, so clients never poll.
 
 from rlinfra.services.naming.client import NamingService
 from rlinfra.services.naming.lease import Lease, LeaseKeeper
-from rlinfra.services.naming.model import Change, LeaseExpired, NamingError
+from rlinfra.services.naming.store import Change, LeaseExpired, NamingError
 
 __all__ = ["Change", "Lease", "LeaseExpired", "LeaseKeeper", "NamingError", "NamingService"]

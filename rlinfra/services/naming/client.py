@@ -14,8 +14,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTa
 
 from rlinfra.runtime.deadline import Deadline, poll
 from rlinfra.services.naming.lease import Lease, LeaseKeeper
-from rlinfra.services.naming.model import Change, NamingError
-from rlinfra.services.naming.store import NamingStore
+from rlinfra.services.naming.store import Change, NamingError, NamingStore
 
 logger = logging.getLogger("rlinfra.services.naming")
 
@@ -203,7 +202,6 @@ class NamingService:
         except NamingError:
             return  # already gone
         ray.kill(handle, no_restart=True)
-        deadline = Deadline.after(self.timeout_s)
 
         def gone() -> bool | None:  # Ray frees the name once the actor is dead
             try:
@@ -213,7 +211,7 @@ class NamingService:
             return True if current != handle else None  # another actor of that name: made anew
 
         message = f"{self}: destroy: the service was killed but still exists after the deadline"
-        poll(gone, deadline, lambda: NamingError(message), every_s=0.02)
+        poll(gone, Deadline.after(self.timeout_s), lambda: NamingError(message), every_s=0.02)
 
     def __repr__(self) -> str:
         return f"naming service {self.name!r} (namespace {self.namespace!r})"
@@ -283,10 +281,9 @@ class NamingService:
                     self._handle = None  # for good: look the name up again, someone may re-create it
             raise NamingError(f"{self}: {op}: the service died or is unreachable ({err})") from err
         except RayTaskError as err:
-            cause = err.cause
-            if isinstance(cause, NamingError):
-                raise type(cause)(f"{self}: {op}: {cause}") from None
-            raise NamingError(f"{self}: {op}: failed inside the service: {cause!r}") from err
+            if isinstance(err.cause, NamingError):
+                raise type(err.cause)(f"{self}: {op}: {err.cause}") from None
+            raise NamingError(f"{self}: {op}: failed inside the service: {err.cause!r}") from err
 
 
 def _require_ray(name: str, op: str) -> None:

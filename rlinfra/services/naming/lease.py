@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from rlinfra.services.naming.model import LeaseExpired, NamingError
+from rlinfra.services.naming.store import LeaseExpired, NamingError
 
 if TYPE_CHECKING:
     from rlinfra.services.naming.client import NamingService

@@ -20,17 +20,15 @@ they are checked end to end, the newcomer's hashes against the peer's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import ray
 import xxhash
 
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import DoubleBuffers, Expected, check_holds
+from rlinfra.services.weights.buffers import Buffers, Expected, check_holds
 from rlinfra.services.weights.transports.base import ReceiverSide
 
 SNAPSHOT_BUCKET_BYTES = buckets.DEFAULT_BUCKET_BYTES
@@ -41,23 +39,14 @@ class WeightsNotAdmittedError(RuntimeError):
     """A receiver was asked to serve before it was given weights (it was just replaced or added)."""
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """One receiver's serving version as host bytes: bucket layout, buckets and their checksums."""
-
-    version: int
-    manifest: Manifest
-    buckets: list[np.ndarray]
-    checksums: dict[int, int]
-
-
 class AdmissionReceiver(ReceiverSide):
     """A rollout worker's side of admission: give a snapshot (as a peer), take one (as a newcomer)."""
 
     @served_asleep
-    def weights_snapshot(self) -> Snapshot:
-        """The version this worker serves, as packed buckets with their checksums (host memory:
-        a GPU engine's tensors are copied to the host by ``pack``)."""
+    def weights_snapshot(self) -> Buffers:
+        """The version this worker serves, as packed buckets with their checksums, in plain
+        ``Buffers`` (host memory: a GPU engine's tensors are copied to the host by ``pack``; no
+        tensor views, which the newcomer builds on its own copy)."""
         with self._weights() as state:
             current = state.current
         # Packed from the tensors served, in the version's own bucket layout (so the checksums
@@ -66,7 +55,7 @@ class AdmissionReceiver(ReceiverSide):
         packed = [buckets.pack(current.tensors, spec) for spec in specs]
         arrays = [array for array, _ in packed]
         checksums = {index: digest for index, (_, digest) in enumerate(packed)}
-        return Snapshot(current.version, Manifest(current.version, specs), arrays, checksums)
+        return Buffers(current.version, Manifest(current.version, specs), buckets=arrays, checksums=checksums)
 
     @served_asleep
     def weights_admit(self, source: list[Any], expected: Expected) -> None:
@@ -74,7 +63,7 @@ class AdmissionReceiver(ReceiverSide):
 
         ``expected`` holds the committed version's checksums; without any (initial weights) the
         peer's are used. Raises ``WeightsVerifyError`` if the version or any bucket differs."""
-        snapshot: Snapshot = ray.get(source[0], timeout=SNAPSHOT_FETCH_TIMEOUT_S)
+        snapshot: Buffers = ray.get(source[0], timeout=SNAPSHOT_FETCH_TIMEOUT_S)
         taken = self.private_buffers(snapshot.version, snapshot.manifest)
         taken.allocate(None)
         for index, (target, incoming) in enumerate(zip(taken.buckets, snapshot.buckets, strict=True)):
@@ -83,4 +72,4 @@ class AdmissionReceiver(ReceiverSide):
             taken.checksums[index] = digest.intdigest()
         check_holds("admission", taken, Expected(expected.version, expected.checksums or snapshot.checksums))
         taken.build_views(self.weights_as_torch)
-        self._rlinfra_weights = DoubleBuffers(taken)
+        self._weights_serve(taken)

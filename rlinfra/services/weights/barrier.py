@@ -138,7 +138,6 @@ class WeightSync:
         self.alive = self._link.alive  # the receiver ranks still taking part (the dead leave it)
         self._transport = BY_NAME[self.transport](self._link, self.cross_group)
         self._transport.check(self.checksums)
-        self._kept: GroupCall | None = None
         self._keep_lone_copy()
 
     # ------------------------------------------------------------------------------- protocol
@@ -268,11 +267,7 @@ class WeightSync:
         receivers = self.receivers
         failure: BaseException | None = None
         for peer in [rank for rank in self.alive if rank not in newcomers] + [None]:
-            snapshot = (
-                self._kept
-                if peer is None
-                else receivers.call(WeightReceiver.weights_snapshot, [peer], timeout=self.step_timeout_s)
-            )
+            snapshot = self._kept if peer is None else self._snapshot(peer)
             if snapshot is None:
                 break
             source = "the copy kept when it was committed" if peer is None else f"rank {peer}"
@@ -300,10 +295,12 @@ class WeightSync:
         """A group of one receiver has no peer to admit its replacement from, so its serving
         version is kept as a snapshot in Ray's object store after every commit (owned by this
         driver, it outlives the worker): one more host copy of the model, taken beside generation."""
-        if self.receivers.world_size == 1 and self.transport != "cuda_ipc":
-            self._kept = self.receivers.call(
-                WeightReceiver.weights_snapshot, [0], timeout=self.step_timeout_s
-            )
+        lone = self.receivers.world_size == 1 and self.transport != "cuda_ipc"
+        self._kept = self._snapshot(0) if lone else None
+
+    def _snapshot(self, rank: int) -> GroupCall:
+        """Receiver ``rank``'s serving version, packed (``weights_snapshot``), on its way."""
+        return self.receivers.call(WeightReceiver.weights_snapshot, [rank], timeout=self.step_timeout_s)
 
     # ------------------------------------------------------------------------------- recovery
     def _rolled_back(

@@ -52,11 +52,10 @@ class WeightsView:
 @dataclass
 class Buffers:
     """One version in this process's memory: a numpy uint8 array per bucket, checksummed as
-    received (unless ``hashed`` is off: ``WeightSync(checksums=False)``)."""
+    received (unless the manifest says it is not hashed: ``WeightSync(checksums=False)``)."""
 
     version: int
-    manifest: Manifest  # the bucket layout (none for initial weights given in-process)
-    hashed: bool = True
+    manifest: Manifest  # the bucket layout (none for initial weights given in-process), whether hashed
     buckets: list[Any] = field(default_factory=list)
     checksums: dict[int, int] = field(default_factory=dict)
     tensors: Mapping[str, Any] = field(default_factory=dict)

@@ -17,9 +17,8 @@ from typing import Any
 
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
-from rlinfra.services.weights.admission import Snapshot
 from rlinfra.services.weights.buckets import Manifest
-from rlinfra.services.weights.buffers import Buffers, DoubleBuffers, Expected, WeightsSwapError, check_holds
+from rlinfra.services.weights.buffers import Buffers, Expected, WeightsSwapError, check_holds
 from rlinfra.services.weights.roles import WeightReceiver
 
 
@@ -103,9 +102,14 @@ class EngineReceiver(WeightReceiver):
         for spec, bucket in zip(host.manifest.buckets, host.buckets, strict=True):
             host.checksums[spec.index] = buckets.pack(state, spec, out=bucket)[1]
         host.build_views(as_torch=True)
-        self.engine_load(host)
-        self.engine_check(host)
-        self._rlinfra_weights = DoubleBuffers(host)
+        self._weights_serve(host)
+
+    def _weights_serve(self, first: Buffers) -> None:
+        """Load and check ``first`` in the engine before it is served: initial weights, or a peer's
+        version (verified as it was copied); the engine serves nothing new until it passes."""
+        self.engine_load(first)
+        self.engine_check(first)
+        super()._weights_serve(first)
 
     def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers) -> None:
         if kind is not Buffers:
@@ -146,17 +150,7 @@ class EngineReceiver(WeightReceiver):
             if swapped:
                 self.engine_load(state.current)
 
-    def weights_admit(self, source: list[Any], expected: Expected) -> None:
-        """Take a peer's version (verified as it was copied), then load and check it in the
-        engine; the engine serves nothing until it passes."""
-        super().weights_admit(source, expected)
-        state = self._weights()
-        del self._rlinfra_weights
-        self.engine_load(state.current)
-        self.engine_check(state.current)
-        self._rlinfra_weights = state
-
-    def weights_snapshot(self) -> Snapshot:
+    def weights_snapshot(self) -> Buffers:
         """Packed under the gate's lock: the next update reuses the previous version's memory."""
         with self._weights():
             return super().weights_snapshot()

@@ -89,7 +89,7 @@ class WeightReceiver(
         with self._weights() as state:
             spare, state.previous = state.previous, None
         kind = self.private_buffers if kind is Buffers else kind
-        shadow = kind(manifest.version, manifest, hashed=manifest.hashed)
+        shadow = kind(manifest.version, manifest)
         shadow.allocate(spare)
         state.shadow = shadow
 

@@ -33,6 +33,7 @@ def gone_ranks(error: BaseException) -> list[int]:
     return [rank for rank, failure in failures if failure.gone]
 
 
+@dataclass(eq=False)
 class Link:
     """The sending rank and the receivers still in the update, each call under one deadline.
 
@@ -40,14 +41,13 @@ class Link:
     no further part, as they serve nothing.
     """
 
-    def __init__(
-        self, sender: WorkerGroup, sender_rank: int, receivers: WorkerGroup, timeout_s: float
-    ) -> None:
-        self.sender = sender
-        self.sender_rank = sender_rank
-        self.receivers = receivers
-        self.timeout_s = timeout_s
-        self.alive = list(receivers.ranks)
+    sender: WorkerGroup
+    sender_rank: int
+    receivers: WorkerGroup
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        self.alive = list(self.receivers.ranks)
 
     def sender_call(self, method: Callable[..., Any], *args: Any) -> GroupCall:
         """``method`` started on the sending rank; ``wait()[0]`` is its answer."""
@@ -158,7 +158,11 @@ class ReceiverSide:
     @served_asleep
     def set_initial_weights(self, tensors: Mapping[str, Any], version: int = 0) -> None:
         """Weights to serve before the first update (e.g. loaded from a checkpoint)."""
-        self._rlinfra_weights = DoubleBuffers(Buffers(version, Manifest(version, ()), tensors=dict(tensors)))
+        self._weights_serve(Buffers(version, Manifest(version, ()), tensors=dict(tensors)))
+
+    def _weights_serve(self, first: Buffers) -> None:
+        """Serve ``first`` from now on: initial weights, or an admitted copy of the serving version."""
+        self._rlinfra_weights = DoubleBuffers(first)
 
     def _weights(self) -> DoubleBuffers:
         if getattr(self, "_rlinfra_weights", None) is None:

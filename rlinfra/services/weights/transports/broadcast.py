@@ -93,5 +93,5 @@ class BroadcastReceiver(ReceiverSide):
         group = cross_group(group_name)
         for index, buffer in enumerate(shadow.buckets):
             group.broadcast(torch.from_numpy(buffer), src=src)
-            if shadow.hashed:
+            if shadow.manifest.hashed:
                 shadow.checksums[index] = checksum(buffer)

@@ -100,8 +100,7 @@ class LiveBuckets:
 class HostStaging:
     """A reused pinned host buffer: checksums of GPU buckets without allocating per bucket."""
 
-    def __init__(self) -> None:
-        self._buffer: Any = None
+    _buffer: Any = None  # until the first checksum
 
     def checksum(self, device_buffer: Any) -> int:
         """xxh3 of ``device_buffer``'s bytes (a uint8 CUDA tensor); waits for the GPU work on it."""
@@ -166,8 +165,9 @@ def node_problems(
     if not elsewhere:
         return []
     nodes = sorted({receiver_nodes[rank] for rank in elsewhere})
+    listed = ", ".join(nodes[:3]) + (f", … ({len(nodes)} in all)" if len(nodes) > 3 else "")
     return [
-        f"{receiver_name} rank(s) {short_ranks(elsewhere)} are on {_listed(nodes)}, not on the sender's "
+        f"{receiver_name} rank(s) {short_ranks(elsewhere)} are on {listed}, not on the sender's "
         f"{sender_node} ({sender_name}); CUDA IPC only maps memory between processes of one node — "
         f"use transport='object_store' (or 'broadcast' over nccl) across nodes"
     ]
@@ -201,10 +201,6 @@ def ipc_problems(
             f"worker?): CUDA cannot map a process's memory into itself; hand the tensors over directly"
         )
     return problems
-
-
-def _listed(items: list[str], limit: int = 3) -> str:
-    return ", ".join(items[:limit]) + (f", … ({len(items)} in all)" if len(items) > limit else "")
 
 
 # ------------------------------------------------------------------------- sender / receiver

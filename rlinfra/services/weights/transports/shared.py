@@ -94,17 +94,15 @@ class SharedTransport(Transport):
         collects the answers at the end. Bucket i is hashed on each node by that node's
         (i mod n)-th worker."""
         link, version = self.link, manifest.version
-        by_node: dict[str, list[int]] = {}
-        for rank in link.alive:
+        by_node: dict[str, list[int]] = {}  # the ranks that take turns hashing, per node (none: unhashed)
+        for rank in link.alive if manifest.hashed else ():
             by_node.setdefault(link.receivers.node_id_of(rank), []).append(rank)
         checksums: dict[int, int] = {}
         mapping: list[GroupCall] = []
         unbounded_puts = link.stream(ObjectStoreSender.weights_put, manifest, lambda i: (version, i, False))
         for index, (digest, refs) in unbounded_puts:
             checksums[index] = digest
-            hashers = (
-                tuple(ranks[index % len(ranks)] for ranks in by_node.values()) if manifest.hashed else ()
-            )
+            hashers = tuple(ranks[index % len(ranks)] for ranks in by_node.values())
             args = (version, index, refs, hashers, link.timeout_s)
             mapping.append(link.receivers_call(SharedReceiver.weights_map, *args))
             del refs, args
@@ -136,8 +134,7 @@ class SharedReceiver(ReceiverSide):
         """
         shadow = self._weights_shadow(version)
         (ref,) = refs
-        arrays = ray.get(ref, timeout=timeout_s)
-        buckets.check_arrays(arrays, shadow.manifest.buckets[index])
+        arrays = ray.get(ref, timeout=timeout_s)  # checked against the bucket's entries by build_views
         shadow.buckets[index], shadow.refs[index] = arrays, ref
         if getattr(self, "_rank", 0) in hashers:
             shadow.checksums[index] = buckets.arrays_checksum(arrays)
