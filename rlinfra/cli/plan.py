@@ -127,6 +127,8 @@ def plan(
         render_plan(make_console(), spec, placement, layout, loads, show_all)
     if svg is not None:
         errors.print(f"wrote the node × device map to {svg}", style="dim")
+    for warning in placement.memory_warnings:  # cluster.memory_check: warn
+        errors.print(f"warning: {warning}", style="yellow")
     if overloaded(loads):
         print_error(errors, overload_message(loads))
         raise typer.Exit(DOES_NOT_FIT)

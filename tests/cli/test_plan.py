@@ -346,3 +346,14 @@ def test_unquoted_colon_placement_is_not_read_as_a_base_60_number(tmp_path: Path
 def test_absurd_accelerator_count_is_refused(tmp_path: Path) -> None:
     config = write(tmp_path, "cluster:\n  num_nodes: 1\n  component_placement:\n    actor: 0\n")
     assert_user_error(invoke(config, "--nodes", "1x100000000"), "at most 1,024 accelerators per node")
+
+
+def test_an_overfull_memory_plan_exits_2_or_only_warns_with_memory_check_warn(tmp_path):
+    colocated = (EXAMPLES.parent / "memory" / "qwen2.5-7b-grpo-colocated.yaml").read_text()
+    overfull = colocated.replace("time_shared: true", "time_shared: false")  # everything at once
+    assert_user_error(invoke(write(tmp_path, overfull)), "phase 'all' needs", "gpu_memory_utilization <= ")
+    warned = invoke(
+        write(tmp_path, overfull.replace("  accelerator: H100", "  accelerator: H100\n  memory_check: warn"))
+    )
+    assert warned.exit_code == 0 and "Memory per device" in warned.stdout
+    assert "warning: cluster.component_placement: node 0 devices 0-7: phase 'all' needs" in warned.stderr
