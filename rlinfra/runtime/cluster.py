@@ -129,10 +129,10 @@ class Cluster:
         self.nodes = self._wait_for_nodes(self.config.node_timeout)
 
     def _embedded_or_refuse(self, action: str) -> EmbeddedRay:
-        if self._embedded is None:
+        if self._embedded is None or self._embedded.simulated is None:
             raise ClusterError(
-                f"cannot {action} node: this Cluster is attached to a Ray it did not start; only a "
-                "simulated cluster it started (cluster.simulate) has nodes to kill and restart"
+                f"cannot {action} node: this Cluster is attached to a Ray it did not start, or started one "
+                "local node; only a simulated cluster (cluster.simulate) it started has nodes to kill"
             )
         return self._embedded
 
@@ -167,8 +167,7 @@ class Cluster:
         self.shutdown()
 
     def __repr__(self) -> str:
-        kind = "embedded" if self._embedded else "attached"
-        return f"Cluster({kind}: {self.spec.describe()})"
+        return f"Cluster({'embedded' if self._embedded else 'attached'}: {self.spec.describe()})"
 
     @property
     def num_accelerators(self) -> int:

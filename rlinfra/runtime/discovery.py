@@ -63,8 +63,7 @@ def rank_nodes(raw_nodes: Iterable[Mapping[str, Any]]) -> list[RayNode]:
             f"nodes labelled {NODE_RANK_LABEL} must be numbered 0..{len(explicit) - 1}, "
             f"found {sorted(explicit)[:8]}"
         )
-    ordered = [explicit[rank] for rank in sorted(explicit)]
-    ordered += sorted(implicit, key=_implicit_key)
+    ordered = [explicit[rank] for rank in range(len(explicit))] + sorted(implicit, key=_implicit_key)
     return [
         RayNode(rank, node["NodeID"], dict(node.get("Resources") or {}), dict(node.get("Labels") or {}))
         for rank, node in enumerate(ordered)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +86,7 @@ class EmbeddedRay:
     """A Ray instance this process started, and knows how to stop."""
 
     _local_only: LocalOnly
-    _simulated: Any = None  # the ``ray.cluster_utils.Cluster`` of a simulated Ray
+    simulated: Any = None  # the ``ray.cluster_utils.Cluster`` of a simulated Ray (None: one local node)
     _node_args: list[dict[str, Any]] = field(default_factory=list)  # per node rank: its raylet's arguments
     _nodes: dict[int, Any] = field(default_factory=dict)  # node rank -> its ``ray._private.node.Node``
 
@@ -109,21 +108,18 @@ class EmbeddedRay:
         test-cluster default)."""
         from ray.cluster_utils import Cluster as RayTestCluster
 
-        accelerators = list(config.simulate or ())
-        resources: Sequence[Mapping[str, float]] = config.simulate_resources or [{} for _ in accelerators]
-        labels: Sequence[Mapping[str, str]] = config.simulate_labels or [{} for _ in accelerators]
+        resources, labels = config.simulate_resources, config.simulate_labels
         store_mib = config.simulate_object_store_mib
-        store = {"object_store_memory": store_mib * 2**20} if store_mib else {}
         node_args: list[dict[str, Any]] = [
             {
                 "num_cpus": config.simulate_cpus or DEFAULT_SIMULATED_CPUS,
                 "num_gpus": count,
-                "resources": dict(resources[rank]),
-                "labels": {**{str(k): str(v) for k, v in labels[rank].items()}, NODE_RANK_LABEL: str(rank)},
+                "resources": dict(resources[rank]) if resources else {},
+                "labels": {**(labels[rank] if labels else {}), NODE_RANK_LABEL: str(rank)},
                 "node_ip_address": LOOPBACK,
-                **store,
+                **({"object_store_memory": store_mib * 2**20} if store_mib else {}),
             }
-            for rank, count in enumerate(accelerators)
+            for rank, count in enumerate(config.simulate or ())
         ]
         local_only = LocalOnly()
         simulated = None
@@ -141,34 +137,27 @@ class EmbeddedRay:
     def kill_node(self, rank: int) -> None:
         """Kill simulated node ``rank``'s raylet and everything on it without a graceful shutdown,
         as a crash would (to rehearse node loss)."""
-        simulated = self._simulated_cluster()
         if rank not in self._nodes:
             raise ClusterError(f"simulated node {rank} is not running (nodes: {sorted(self._nodes)})")
-        simulated.remove_node(self._nodes.pop(rank), allow_graceful=False)
+        self.simulated.remove_node(self._nodes.pop(rank), allow_graceful=False)
 
     def restart_node(self, rank: int) -> None:
         """Start a lost simulated node again: a new raylet with the same devices, CPUs, resources
         and labels, the node-rank label included, so it takes its old rank (a new node id). The
         head (rank 0) holds Ray's control store: losing it ends the cluster, so it is refused."""
-        simulated = self._simulated_cluster()
         if not 0 <= rank < len(self._node_args):
             raise ClusterError(f"this Ray has no simulated node {rank}")
         if rank == 0:
             raise ClusterError("node 0 is the head: it cannot be restarted (the cluster ends with it)")
         if rank in self._nodes:
             raise ClusterError(f"node {rank} is running: only a killed node can be restarted")
-        self._nodes[rank] = simulated.add_node(**self._node_args[rank])
-
-    def _simulated_cluster(self) -> Any:
-        if self._simulated is None:
-            raise ClusterError("this Ray is not a simulated cluster: it has no nodes to kill or restart")
-        return self._simulated
+        self._nodes[rank] = self.simulated.add_node(**self._node_args[rank])
 
     def shutdown(self) -> None:
         ray.shutdown()
-        if self._simulated is not None:
-            self._simulated.shutdown()
-            self._simulated = None
+        if self.simulated is not None:
+            self.simulated.shutdown()
+            self.simulated = None
         self._local_only.close()
 
 

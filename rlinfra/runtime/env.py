@@ -66,9 +66,8 @@ class EnvLayer:
     replace: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        replace = self.replace | getattr(self.values, "replace", frozenset())
+        object.__setattr__(self, "replace", self.replace | getattr(self.values, "replace", frozenset()))
         object.__setattr__(self, "values", MappingProxyType({str(k): str(v) for k, v in self.values.items()}))
-        object.__setattr__(self, "replace", frozenset(replace))
 
 
 @dataclass(frozen=True)
@@ -126,16 +125,9 @@ def class_defaults_layer(worker_cls: type | None) -> EnvLayer:
 
 def driver_layer(environ: Mapping[str, str], allowlist: Sequence[str]) -> tuple[EnvLayer, tuple[str, ...]]:
     """The allow-listed part of ``environ``, and the allow-listed names withheld as credentials."""
-    chosen: dict[str, str] = {}
-    withheld: list[str] = []
-    for name in sorted(environ):
-        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowlist):
-            continue
-        if looks_like_secret(name, environ[name]):
-            withheld.append(name)
-        else:
-            chosen[name] = environ[name]
-    return EnvLayer("driver", chosen), tuple(withheld)
+    allowed = [name for name in sorted(environ) if any(fnmatch.fnmatchcase(name, p) for p in allowlist)]
+    withheld = tuple(name for name in allowed if looks_like_secret(name, environ[name]))
+    return EnvLayer("driver", {name: environ[name] for name in allowed if name not in withheld}), withheld
 
 
 def node_group_layers(placement: Placement, spec: ClusterSpec) -> list[EnvLayer]:
@@ -143,12 +135,8 @@ def node_group_layers(placement: Placement, spec: ClusterSpec) -> list[EnvLayer]
     group = spec.node_groups.get(placement.node_group_label)
     if group is None:
         return []
-    source = f"node group {group.label!r}"
-    return [
-        EnvLayer(source, config.env_vars)
-        for config in group.env_configs
-        if placement.cluster_node_rank in config.node_ranks
-    ]
+    covering = [config for config in group.env_configs if placement.cluster_node_rank in config.node_ranks]
+    return [EnvLayer(f"node group {group.label!r}", config.env_vars) for config in covering]
 
 
 def rlinfra_layer(placement: Placement) -> EnvLayer:

@@ -29,7 +29,6 @@ from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, RayError
-from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlinfra.placement.errors import short_ranks
@@ -40,7 +39,7 @@ from rlinfra.runtime.bundles import ActorReservation
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.deadline import Deadline, poll
-from rlinfra.runtime.env import ResolvedEnv, WorkerEnvs
+from rlinfra.runtime.env import WorkerEnvs
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.executable import worker_runtime_envs
 from rlinfra.runtime.group_views import GroupMethod, WorkerGroupView
@@ -140,9 +139,7 @@ class WorkerGroup:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
         placement_strategy = placement_strategy or default_strategy(cluster)
         self.name = name or self.name
-        self.call_timeout = call_timeout
-        self.stuck_after = stuck_after
-        self.launch_timeout = launch_timeout
+        self.call_timeout, self.stuck_after, self.launch_timeout = call_timeout, stuck_after, launch_timeout
         self.restart_budget = RestartBudget(placement_strategy.restart)
         self.placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         cpus = cpus_per_process(self.name, num_cpus, placement_strategy.num_cpus)
@@ -174,55 +171,37 @@ class WorkerGroup:
             pg, reservations = layout.slot(self.name, self.placements, cpus)
             self._layout = layout
             self._check_bundle_nodes()
-            self._start_actors(pg, reservations, envs, runtime_envs, max_concurrency)
-            self.worker_info = self._await_ready(self.ranks, deadline, "starting (constructor)")
+            for placement, reservation, env, runtime_env in zip(
+                self.placements, reservations, envs, runtime_envs, strict=True
+            ):
+                context = WorkerContext(
+                    self.name,
+                    placement,
+                    dict(env.values),
+                    merge_env=env.merge_with_inherited,
+                    secrets=self._secrets,
+                    hardware=cluster.spec.hardware_units(placement),
+                )
+                options = {
+                    "name": f"{self.name}:{placement.rank}",
+                    "num_cpus": reservation.num_cpus,
+                    "num_gpus": reservation.num_gpus,
+                    "resources": dict(reservation.resources),
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=reservation.bundle_index
+                    ),
+                    "max_restarts": 0,
+                    "max_concurrency": max_concurrency,
+                    "runtime_env": runtime_env,
+                }
+                self._spawn_specs.append((context, options))
+            self.actors, self.worker_info = [None] * self.world_size, [{}] * self.world_size
+            self._start(self.ranks, deadline, "starting (constructor)")
             self._check_ray_device_ids()
-            self.refresh_master_address(deadline.left())
         except BaseException:
             self.shutdown()
             raise
         return self
-
-    def _start_actors(
-        self,
-        pg: PlacementGroup,
-        reservations: list[ActorReservation],
-        envs: list[ResolvedEnv],
-        runtime_envs: list[dict[str, Any] | None],
-        max_concurrency: int,
-    ) -> None:
-        for placement, reservation, env, runtime_env in zip(
-            self.placements, reservations, envs, runtime_envs, strict=True
-        ):
-            context = WorkerContext(
-                self.name,
-                placement,
-                dict(env.values),
-                merge_env=env.merge_with_inherited,
-                secrets=self._secrets,
-                hardware=self.cluster.spec.hardware_units(placement),
-            )
-            options = {
-                "name": f"{self.name}:{placement.rank}",
-                "num_cpus": reservation.num_cpus,
-                "num_gpus": reservation.num_gpus,
-                "resources": dict(reservation.resources),
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=reservation.bundle_index
-                ),
-                "max_restarts": 0,
-                "max_concurrency": max_concurrency,
-                "runtime_env": runtime_env,
-            }
-            self._spawn_specs.append((context, options))
-            self.actors.append(self._spawn(placement.rank))
-
-    def _spawn(self, rank: int) -> Any:
-        """A new actor for ``rank``: same name, bundle, resources and context (its incarnation
-        aside) as the first one."""
-        context, options = self._spawn_specs[rank]
-        actor_cls = actor_class(self.worker_cls)
-        return actor_cls.options(**options).remote(context, *self._args, **self._kwargs)
 
     @property
     def reservations(self) -> list[ActorReservation]:
@@ -250,12 +229,6 @@ class WorkerGroup:
                 f"node {row.planned_node_rank} ({len(wrong)} rank(s) misplaced)"
             )
 
-    def _await_ready(self, ranks: list[int], deadline: Deadline, action: str) -> list[dict[str, Any]]:
-        """What each of ``ranks`` reports once its constructor has returned (node, pid, devices)."""
-        ready = self.call(HostMethods.rlinfra_ready, ranks, action=action)
-        # No progress watch: nothing answers a probe before its constructor has returned.
-        return ready.wait(timeout=deadline.left(), stuck_after=None)
-
     def _check_ray_device_ids(self) -> None:
         """Warn when Ray's ledger holds other device ids than the ones the workers use.
 
@@ -282,10 +255,8 @@ class WorkerGroup:
         rank learns ``MASTER_ADDR``/``MASTER_PORT``; within ``timeout`` seconds. ``launch`` does it
         once; ``rlinfra.runtime.rendezvous`` again before and after each process group."""
         deadline = Deadline.after(timeout)
-        reserve = (process_groups.reserve_master_port,)
-        reserving = self.call(
-            HostMethods.rlinfra_run, [0], args=reserve, action="reserving the rendezvous port"
-        )
+        reserve, action = (process_groups.reserve_master_port,), "reserving the rendezvous port"
+        reserving = self.call(HostMethods.rlinfra_run, [0], args=reserve, action=action)
         self._publish_master(reserving.wait(timeout)[0], self.ranks, deadline.left())
 
     def _publish_master(self, master: tuple[str, int], ranks: list[int], timeout: float) -> None:
@@ -381,11 +352,8 @@ class WorkerGroup:
             )
         if self.call_guard is not None:
             self.call_guard(name, chosen)
-        calls = per_rank if per_rank is not None else [args] * len(chosen)
-        options = kwargs or {}
-        refs = [
-            getattr(self.actors[r], name).remote(*a, **options) for r, a in zip(chosen, calls, strict=True)
-        ]
+        calls = zip(chosen, per_rank if per_rank is not None else [args] * len(chosen), strict=True)
+        refs = [getattr(self.actors[rank], name).remote(*call, **(kwargs or {})) for rank, call in calls]
         timeout = self.call_timeout if timeout is None else timeout
         return GroupCall(self, action or name, refs, chosen, timeout, gather, label)
 
@@ -449,11 +417,9 @@ class WorkerGroup:
         node_rank, started, wall = self.node_rank_of(rank), time.monotonic(), time.time()
 
         def record(outcome: str, detail: str = "") -> Restart:
-            attempt = Restart(
-                self.name, rank, node_rank, reason, wall, time.monotonic() - started, outcome, detail
-            )
-            self.restarts.append(attempt)
-            return attempt
+            took = time.monotonic() - started
+            self.restarts.append(Restart(self.name, rank, node_rank, reason, wall, took, outcome, detail))
+            return self.restarts[-1]
 
         try:
             if node_rank in self.cluster.dead_node_ranks():
@@ -504,15 +470,25 @@ class WorkerGroup:
             raise
 
     def _start_again(self, ranks: list[int], deadline: Deadline, action: str) -> None:
-        """New processes for ``ranks`` (their next incarnation, in their own bundles), ready and
-        told the rendezvous address: what ``replace`` and ``add`` both do once the old is gone."""
+        """New processes for ``ranks``, their next incarnation: what ``replace`` and ``add`` both
+        do once the old is gone."""
         for rank in ranks:
             context, options = self._spawn_specs[rank]
             later = dataclasses.replace(context, incarnation=context.incarnation + 1)
             self._spawn_specs[rank] = (later, options)
-            self.actors[rank] = self._spawn(rank)
-        for rank, info in zip(ranks, self._await_ready(ranks, deadline, action), strict=True):
-            self.worker_info[rank] = info
+        self._start(ranks, deadline, action)
+
+    def _start(self, ranks: list[int], deadline: Deadline, action: str) -> None:
+        """Start ``ranks`` from their spawn specs (same name, bundle, resources and context as
+        recorded at launch), ready and told the rendezvous address."""
+        actor_cls = actor_class(self.worker_cls)
+        for rank in ranks:
+            context, options = self._spawn_specs[rank]
+            self.actors[rank] = actor_cls.options(**options).remote(context, *self._args, **self._kwargs)
+        ready = self.call(HostMethods.rlinfra_ready, ranks, action=action)
+        # No progress watch: nothing answers a probe before its constructor has returned.
+        for rank, info in zip(ranks, ready.wait(timeout=deadline.left(), stuck_after=None), strict=True):
+            self.worker_info[rank] = info  # node, pid and devices, as the rank reports them
         # A new rank 0 binds the rendezvous port again for everyone; other new ranks learn the address.
         if 0 in ranks or self.master_address is None:
             self.refresh_master_address(deadline.left())

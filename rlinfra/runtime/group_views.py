@@ -49,18 +49,13 @@ class GroupMethod:
     per rank. Every form returns a ``GroupCall``; errors name the role of a fused worker."""
 
     def __init__(self, group: Any, method: str, ranks: list[int], role: str | None = None) -> None:
-        self._group = group
+        self.group = group  # the ``WorkerGroup`` the call goes to
         self._method = method
         self._ranks = ranks
         self._role = role
 
-    @property
-    def group(self) -> Any:
-        """The group the call goes to (a ``WorkerGroup``)."""
-        return self._group
-
     def __repr__(self) -> str:
-        return f"{self._group.name}{'/' + self._role if self._role else ''}.{self._method}"
+        return f"{self.group.name}{'/' + self._role if self._role else ''}.{self._method}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> GroupCall:
         return self._fan_out([args] * len(self._ranks), kwargs)
@@ -76,7 +71,7 @@ class GroupMethod:
         return self._fan_out([(chunk, *args) for chunk in chunks], kwargs, gather=concat_chunks)
 
     def _fan_out(self, per_rank_args: list[tuple], kwargs: dict[str, Any], gather: Any = None) -> GroupCall:
-        group, role, method = self._group, self._role, self._method
+        group, role, method = self.group, self._role, self._method
         if role is None:
             return group.call(method, self._ranks, per_rank_args, kwargs=kwargs, gather=gather)
         role_args = [(role, method, args, kwargs) for args in per_rank_args]

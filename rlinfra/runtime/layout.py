@@ -90,13 +90,8 @@ class Layout:
         ready, _ = ray.wait([pg.ready()], timeout=timeout)
         if not ready:
             remove_placement_group(pg)
-            message = f"{what}: {missing_resources(plan, cluster, timeout)}"
-            described = describe_constraints(self.constraints)
-            if described:
-                message += "\n  topology constraints in force:\n" + "\n".join(
-                    f"    {line}" for line in described
-                )
-            raise ReservationError(message)
+            in_force = describe_constraints(self.constraints)
+            raise ReservationError(f"{what}: {missing_resources(plan, cluster, timeout)}{in_force}")
         return pg
 
     def slot(

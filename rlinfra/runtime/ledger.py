@@ -15,9 +15,7 @@ def resource_diff(expected: Mapping[str, float], actual: Mapping[str, float], at
     lines = []
     for name, want in sorted(expected.items()):
         have = float(actual.get(name, 0.0))
-        ok = have >= want if at_least else abs(have - want) < 1e-9
-        if not ok:
+        if not (have >= want if at_least else abs(have - want) < 1e-9):
             relation = "at least " if at_least else ""
-            delta = have - want
-            lines.append(f"  {name}: required {relation}{want:g}, Ray has {have:g} ({delta:+g})")
+            lines.append(f"  {name}: required {relation}{want:g}, Ray has {have:g} ({have - want:+g})")
     return "\n".join(lines)

@@ -115,20 +115,16 @@ def default_backend() -> str:
     return "nccl" if _require_torch().cuda.is_available() else "gloo"
 
 
-def _env(name: str) -> str:
+def _env(name: str, kind: type = str) -> Any:
+    """The launch-set variable ``name`` as ``kind`` (``str`` or ``int``)."""
     value = os.environ.get(name)
     if not value:
         raise RuntimeError(
             f"{name} is not set: init_process_group runs inside a worker launched by a WorkerGroup, "
             "which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
         )
-    return value
-
-
-def _env_int(name: str) -> int:
-    value = _env(name)
     try:
-        return int(value)
+        return kind(value)
     except ValueError:
         raise RuntimeError(f"{name}={value!r} is not an integer") from None
 
@@ -152,11 +148,10 @@ def init_process_group(backend: str | None = None, timeout_s: float = DEFAULT_TI
     """Make this worker's default torch process group from the env ``launch`` set, and return the
     backend used (default: ``nccl`` with CUDA, else ``gloo``). Every rank must call it; each blocks
     until all have joined or ``timeout_s`` passes."""
-    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
-    address, port = _env("MASTER_ADDR"), _env_int("MASTER_PORT")
+    rank, world_size = _env("RANK", int), _env("WORLD_SIZE", int)
     backend = backend or default_backend()
     timeout = timedelta(seconds=timeout_s)
-    store = _tcp_store(address, port, rank, world_size, timeout)
+    store = _tcp_store(_env("MASTER_ADDR"), _env("MASTER_PORT", int), rank, world_size, timeout)
     dist = _require_torch().distributed
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return backend

@@ -113,9 +113,8 @@ def bring_up_cross(
     reserve, action = (process_groups.reserve_cross_port, name), f"reserving a port for cross group {name!r}"
     reserving = first.call(HostMethods.rlinfra_run, first_ranks[:1], args=reserve, action=action)
     address, port = reserving.wait(timeout_s + DRIVER_MARGIN_S)[0]
-    cross_ranks: dict[tuple[str, int], int] = {}  # counted in member order
-    for group, ranks in ordered:
-        cross_ranks.update({(group.name, rank): len(cross_ranks) + i for i, rank in enumerate(ranks)})
+    in_order = [(group.name, rank) for group, ranks in ordered for rank in ranks]
+    cross_ranks = {member: cross_rank for cross_rank, member in enumerate(in_order)}
     world_size = len(cross_ranks)
     # Every join is sent before any is waited on.
     join, action = (process_groups.join_cross_group, name, address, port), f"joining cross group {name!r}"

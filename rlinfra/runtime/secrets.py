@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,9 @@ class SecretsChannel:
     """What workers receive: a reference to the values, and the names to set as env vars. Its
     repr names the secrets only (it travels in every worker's context and error messages)."""
 
-    ref: Any
+    ref: Any = field(repr=False)
     names: tuple[str, ...]
     expose_as_env: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        return f"SecretsChannel(names={list(self.names)})"
 
 
 def read_secrets(specs: tuple[SecretSpec, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:

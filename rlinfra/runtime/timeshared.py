@@ -34,9 +34,7 @@ def refused_while_asleep(cls: type, method: str) -> bool:
     own and those marked ``@served_asleep`` (the weight-update ones: a colocated job stages, even
     commits, the next version while the other component has its turn) — and a fused worker's
     role calls are refused like the roles' methods."""
-    if method == ROLE_CALL:
-        return True
-    return not (method.startswith(INTERNAL_PREFIX) or is_served_asleep(cls, method))
+    return method == ROLE_CALL or not (method.startswith(INTERNAL_PREFIX) or is_served_asleep(cls, method))
 
 
 class TimeSharingError(RuntimeError):

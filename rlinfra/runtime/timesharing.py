@@ -41,6 +41,7 @@ from rlinfra.runtime.timeshared import (
 )
 
 DEFAULT_SWITCH_TIMEOUT_S = 300.0  # an engine reloading a large model's weights takes minutes
+_HOOKS = {SLEEP: TimeShared.sleep, WAKE: TimeShared.wake}  # each hook's placeholder, not implementing it
 
 
 class SwitchError(WorkerGroupError):
@@ -363,7 +364,7 @@ def _check_hooks(groups: Iterable[WorkerGroup]) -> None:
     problems = []
     for group in groups:
         cls, component = group.worker_cls, f"component {group.name!r} ({group.worker_cls.__name__})"
-        missing = ", ".join(f"{hook}()" for hook in (SLEEP, WAKE) if not _implements(cls, hook))
+        missing = ", ".join(f"{hook}()" for hook, base in _HOOKS.items() if getattr(cls, hook, base) is base)
         hooks = f"missing hook(s) {missing}" if missing else "has both hooks"
         if not issubclass(cls, TimeShared):
             problems.append(f"{component} is not a TimeShared worker ({hooks})")
@@ -376,8 +377,3 @@ def _check_hooks(groups: Iterable[WorkerGroup]) -> None:
             + ". Derive their worker classes from rlinfra.runtime.timesharing.TimeShared and implement "
             "sleep() (release device memory) and wake() (take it back)"
         )
-
-
-def _implements(cls: type, hook: str) -> bool:
-    """Whether ``cls`` has its own ``hook``, not ``TimeShared``'s placeholder."""
-    return callable(getattr(cls, hook, None)) and getattr(cls, hook) is not getattr(TimeShared, hook)

@@ -58,19 +58,19 @@ def check_constraints(
     per_node = plan.per_node()
     problems: list[str] = []
     for component, per_rank in constraints.items():
-        resources: dict[str, set[int]] = {}  # what the component asks for → the nodes it asks on
-        labels: dict[tuple[str, str], set[int]] = {}
+        asked: dict[Any, set[int]] = {}  # a resource's name or a (key, value) label → the nodes asked
+        amounts: dict[str, float] = {}  # per process
         for row, process in zip(plan.reservations[component], per_rank, strict=True):
-            node = plan.bundle_nodes[row.bundle_index]
-            for name, _ in process.resources:
-                resources.setdefault(name, set()).add(node)
-            for label in process.labels:
-                labels.setdefault(label, set()).add(node)
-        amounts = {name: amount for process in per_rank for name, amount in process.resources}
-        for name, node_ranks in resources.items():
-            problems += _resource_problem(component, name, amounts[name], node_ranks, per_node, nodes)
-        for label, node_ranks in labels.items():
-            problems += _label_problem(component, label, node_ranks, nodes)
+            amounts.update(process.resources)
+            for wanted in (*dict(process.resources), *process.labels):
+                asked.setdefault(wanted, set()).add(plan.bundle_nodes[row.bundle_index])
+        for wanted, on in asked.items():
+            if isinstance(wanted, str):
+                problem = _resource_problem(wanted, amounts[wanted], sorted(on), per_node, nodes)
+            else:
+                problem = _label_problem(wanted, sorted(on), nodes)
+            if problem:
+                problems.append(f"component {component!r} requires {problem}")
     if problems:
         raise TopologyError(
             "the topology constraints cannot be met on this cluster (Ray would wait forever):\n"
@@ -79,51 +79,43 @@ def check_constraints(
 
 
 def _resource_problem(
-    component: str,
-    name: str,
-    amount: float,
-    node_ranks: set[int],
-    per_node: Mapping[int, Mapping[str, float]],
-    nodes: Sequence[Any],
-) -> list[str]:
+    name: str, amount: float, asked_on: list[int], per_node: dict[int, dict[str, float]], nodes: Sequence[Any]
+) -> str | None:
     lacking = []
-    for rank in sorted(node_ranks):
+    for rank in asked_on:
         have, need = nodes[rank].resources.get(name, 0.0), per_node.get(rank, {}).get(name, 0.0)
         if have + _EPSILON < need:
             lacking.append(f"node {rank} has {have:g}, needs {need:g}")
     having = [node.rank for node in nodes if node.resources.get(name, 0.0) > 0]
-    return _problem(component, f"resource {name}={amount:g} per process", lacking, name, having)
+    return _problem(f"resource {name}={amount:g} per process", lacking, name, having)
 
 
-def _label_problem(
-    component: str, label: tuple[str, str], node_ranks: set[int], nodes: Sequence[Any]
-) -> list[str]:
+def _label_problem(label: tuple[str, str], asked_on: list[int], nodes: Sequence[Any]) -> str | None:
     key, value = label
     lacking = []
-    for rank in sorted(node_ranks):
+    for rank in asked_on:
         actual = nodes[rank].labels.get(key)
         if actual != value:
             has = f"{key}={actual}" if actual is not None else f"no {key!r} label"
             lacking.append(f"node {rank} has {has}")
     having = [node.rank for node in nodes if node.labels.get(key) == value]
-    return _problem(component, f"node label {key}={value}", lacking, f"{key}={value}", having)
+    return _problem(f"node label {key}={value}", lacking, f"{key}={value}", having)
 
 
-def _problem(component: str, wanted: str, lacking: list[str], offered: str, having: list[int]) -> list[str]:
-    """The problem line for ``component``, if any node lacks what it needs (at most a few named)."""
+def _problem(wanted: str, lacking: list[str], offered: str, having: list[int]) -> str | None:
+    """What is wanted and which nodes lack it (at most a few named), if any does."""
     if not lacking:
-        return []
-    shown = ", ".join(lacking[:_SHOWN_NODES])
+        return None
     more = f", … ({len(lacking)} nodes)" if len(lacking) > _SHOWN_NODES else ""
-    offering = f"nodes with {offered}: {short_ranks(having)}"
-    return [f"component {component!r} requires {wanted}: {shown}{more}; {offering}"]
+    return f"{wanted}: {', '.join(lacking[:_SHOWN_NODES])}{more}; nodes with {offered}: {short_ranks(having)}"
 
 
-def describe_constraints(constraints: Mapping[str, Sequence[Constraints]]) -> list[str]:
-    """One line per component with constraints, for a reservation that timed out."""
+def describe_constraints(constraints: Mapping[str, Sequence[Constraints]]) -> str:
+    """For a reservation that timed out: a line per component with constraints, under a heading
+    (empty when there are none)."""
     lines = []
     for component, per_rank in constraints.items():
         distinct = sorted({process for process in per_rank if process}, key=Constraints.describe)
         if distinct:
-            lines.append(f"component {component!r}: " + " | ".join(c.describe() for c in distinct))
-    return lines
+            lines.append(f"\n    component {component!r}: " + " | ".join(c.describe() for c in distinct))
+    return "\n  topology constraints in force:" + "".join(lines) if lines else ""

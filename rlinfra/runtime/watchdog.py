@@ -43,8 +43,7 @@ class StuckWatch:
     def silent_ranks(self, pending: Sequence[int]) -> dict[int, tuple[float, float | None]]:
         """The pending ranks silent for ``stuck_after`` or more: rank → (seconds silent, seconds
         since its last heartbeat or None). Schedules the next probe."""
-        now = time.monotonic()
-        elapsed = now - self.started
+        elapsed = time.monotonic() - self.started
         ages = self.group.heartbeat_ages(pending, PROBE_TIMEOUT_S)
         stuck: dict[int, tuple[float, float | None]] = {}
         soonest = self.stuck_after
