@@ -22,6 +22,7 @@ from rlinfra.placement.memory import (
     device_memory,
     kv_cache,
     parse_memory,
+    process_terms,
     refuse_overfull,
     trainer_terms,
 )
@@ -312,3 +313,35 @@ def test_the_worked_example_in_the_docs_and_readme_is_what_the_plan_predicts(mon
     assert f"| {' | '.join(colocated)} | {gib['colocated', 0, 'peak']} |" in readme
     peaks = f"{gib['disaggregated', 0, 'peak']} / {gib['disaggregated', 4, 'peak']}"
     assert f"| {' | '.join(disaggregated)} | {peaks} |" in readme
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["activations kept", "checkpointing"])
+def test_a_7b_trainers_predicted_peak_is_within_10_percent_of_pytorchs_mem_tracker(checkpointing):
+    """Qwen2.5-7B, micro-batch 1 of 2,048 tokens, fp32 weights under bf16 autocast, AdamW: built,
+    trained one step and measured by PyTorch's MemTracker under FakeTensorMode, which allocates
+    nothing (the 117 GiB peak is counted on this laptop-sized machine)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    config = read_model_config(MODELS / "qwen2.5-7b.json")
+    settings = trainer(micro_batch=1, seq_len=2048, activation_checkpointing=checkpointing)
+    predicted = process_terms("actor", ModelShape.of(config), settings, 1, 1, 80 * GIB)
+    hf_config = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    with FakeTensorMode():
+        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            tokens = torch.randint(0, hf_config.vocab_size, (1, 2048))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            optimizer.step()
+        measured = sum(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+    assert abs(predicted.total - predicted.terms["overhead"] - measured) <= 0.10 * measured
