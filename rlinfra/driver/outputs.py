@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .job import Job
 
 PLACEMENT_FILE = "placement.json"
+OVER_PLAN = 1.25  # a measured peak this far above the memory plan's prediction is a warning
 CURVE_FILE = "curve.png"
 
 
@@ -107,6 +108,23 @@ class RunOutputs:
         )
         self.console.print(f"[yellow]recovered[/] {line}", highlight=False, soft_wrap=True)
         return event
+
+    def memory(self, component: str, predicted: int, measured: list[int], kind: str) -> dict[str, Any]:
+        """A component's measured peaks (``kind``: ``rss`` or ``device``) beside the memory plan's
+        prediction: a metrics event, and a warning naming the rank more than 25 % over it;
+        returns the record for ``summary.json``."""
+        record = {"event": "memory", "component": component, "predicted_bytes": predicted, "measured": kind}
+        record["measured_bytes"] = measured
+        self.log.event(record)
+        worst = max(measured)
+        if worst > OVER_PLAN * predicted:
+            self.console.print(
+                f"[yellow]warning:[/] {component}:{measured.index(worst)} peaked at {worst / 2**30:.2f} GiB "
+                f"({kind}), {worst / predicted - 1:.0%} over the plan's {predicted / 2**30:.2f} GiB",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return record
 
     def end(self, result: RunResult, name: str) -> None:
         """However the run ended: the bar and the log closed; the training time to the target

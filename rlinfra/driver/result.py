@@ -32,6 +32,7 @@ class RunResult:
     misplaced_bundles: list[str] = field(default_factory=list)  # expected: none
     switches: dict[str, float] = field(default_factory=dict)  # time-sharing, when colocated
     phases: list[tuple[str, str]] = field(default_factory=list)  # (component, sleep/wake) in order
+    memory: dict[str, dict[str, Any]] = field(default_factory=dict)  # measured vs the memory plan
 
     @property
     def state(self) -> Any:
@@ -65,6 +66,7 @@ class RunResult:
             "batches": self.batches,
             "recoveries": state.events,
             "switches": self.switches,
+            "memory": self.memory,
         } | self.job.outcome(self)
 
     def report(self) -> str:

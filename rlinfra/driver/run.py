@@ -41,6 +41,7 @@ from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.placement import ComponentPlacement, PlacementError
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.group import WorkerGroup
+from rlinfra.runtime.hosting import HostMethods, memory_peak
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.supervision import Restart, RestartBudget
 from rlinfra.runtime.timesharing import TimeSharing
@@ -221,8 +222,28 @@ class Run(TrainedGroups):
                 raise KeyboardInterrupt
             if self.job.stop_at_target and self._reached(record):
                 self.outcome = TARGET
-                return
-        self.outcome = BUDGET
+                break
+        else:
+            self.outcome = BUDGET
+        self._measure_memory()
+
+    def _measure_memory(self) -> None:
+        """Each component the memory plan predicted: its ranks' peaks, measured in their processes
+        (``summary.json``'s ``memory``, a metrics event, a warning when over the plan)."""
+        predicted: dict[str, int] = {}
+        planned = getattr(self, "placement", None)  # none on a run driven without a cluster
+        for device in planned.memory if planned is not None else ():
+            for held in device.held:
+                predicted[held.component] = max(held.total, predicted.get(held.component, 0))
+        for group in self._groups:
+            if group.name in predicted:
+                action = "reading its peak memory"
+                peaks = group.call(HostMethods.rlinfra_run, args=(memory_peak,), action=action).wait()
+                kind = "device" if "device" in peaks[0] else "rss"
+                measured = [peak.get(kind, peak["rss"]) for peak in peaks]
+                self.result.memory[group.name] = self.out.memory(
+                    group.name, predicted[group.name], measured, kind
+                )
 
     def _standard_record(self) -> dict[str, Any]:
         """What every iteration's record has: progress, versions, the weight barrier's times."""

@@ -13,6 +13,7 @@ group imports this module, and the ``Worker`` class users subclass imports the g
 from __future__ import annotations
 
 import os
+import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -117,6 +118,16 @@ class HostMethods:
         one door instead of a forwarding method per function. ``function`` travels by reference
         (a module-level function), so it must be importable in the worker."""
         return function(*args)
+
+
+def memory_peak() -> dict[str, int]:
+    """This process's peak memory in bytes: ``rss``, the OS's high-water mark of its resident
+    memory, and ``device``, torch's peak on the CUDA device where the process used one."""
+    peak = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        peak["device"] = int(torch.cuda.max_memory_allocated())
+    return peak
 
 
 def hosted_class(worker_cls: type) -> type:

@@ -225,3 +225,47 @@ def test_a_run_refuses_a_plan_its_memory_declaration_overfills_before_any_worker
     with pytest.raises(PlacementError, match=r"node 0 device 0: phase 'all' needs .* GiB of 8\.0 GiB"):
         Bandit.run(cfg, cluster=cluster)
     assert_resources_released()
+
+
+def test_each_planned_components_measured_peak_is_reported_beside_the_plan_and_warned_when_over(
+    cluster, tmp_path
+):
+    model = tmp_path / "tiny.json"
+    model.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 8,
+                "hidden_size": 8,
+                "intermediate_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 1,
+            }
+        )
+    )
+    cfg = bandit(tmp_path / "run", "algo.iterations=2", "algo.target=2.0")
+    cfg.cluster.accelerator = {"memory_gib": 64}
+    # The plan's process overhead is all these processes hold: 10 MiB is less than any Python
+    # process with Ray and numpy loaded; 32 GiB is more than this machine would let one take.
+    cfg.cluster.component_placement.actor = {
+        "placement": 0,
+        "model": str(model),
+        "memory": {"role": "reference", "overhead_gib": 0.01},
+    }
+    cfg.cluster.component_placement.rollout.model = str(model)
+    cfg.cluster.component_placement.rollout.memory = {"role": "reference", "overhead_gib": 32}
+    console = io.StringIO()
+    Bandit.run(cfg, cluster=cluster, console=Console(file=console, width=200))
+    memory = summary_of(tmp_path / "run")["memory"]
+    assert set(memory) == {"actor", "rollout"}
+    for component, ranks in (("actor", 1), ("rollout", 2)):
+        assert memory[component]["measured"] == "rss" and len(memory[component]["measured_bytes"]) == ranks
+        assert all(2**20 < peak < 32 * 2**30 for peak in memory[component]["measured_bytes"])
+    assert memory["actor"]["predicted_bytes"] < 2**24 < memory["rollout"]["predicted_bytes"]
+    assert [e["component"] for e in read_events(tmp_path / "run") if e["event"] == "memory"] == [
+        "actor",
+        "rollout",
+    ]
+    output = console.getvalue()
+    assert "warning: actor:0 peaked at" in output and "over the plan's 0.01 GiB" in output
+    assert "rollout:" not in output.split("warning:")[-1]
