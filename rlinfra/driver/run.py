@@ -38,7 +38,8 @@ from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.driver.failure_report import FailureReport
 from rlinfra.driver.signals import CtrlC, sigint_ignored
 from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
-from rlinfra.placement import ComponentPlacement, PlacementError
+from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
+from rlinfra.placement.config import cluster_section, parse_cluster_config
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.hosting import HostMethods, memory_peak
@@ -89,6 +90,7 @@ class Run(TrainedGroups):
                 where="run.trainer",
                 expected="one of " + ", ".join(repr(name) for name in job.components),
             )
+        self._preflight()
         self.console = console or Console()
         self.between_batches, self.on_iteration = between_batches, on_iteration
         self.output = Path(job.settings.output_dir)
@@ -131,6 +133,33 @@ class Run(TrainedGroups):
         self._looping = False  # ``steps`` has begun: a lost trainer rank restarts the trainer
         self._ctrl_c = CtrlC()
 
+    def _preflight(self) -> None:
+        """What needs no cluster, checked before Ray starts: the components placed are the job's
+        (a misspelt one named, with the nearest of the job's), and where the accelerators are
+        known (``simulate``, ``num_gpus_per_node``) the placement and its memory plan, as
+        ``rlinfra plan`` checks them."""
+        if self.cfg.get("cluster") is None:
+            return  # refused by name where the run starts its cluster (a unit test drives none)
+        config = parse_cluster_config(cluster_section(self.cfg))
+        placed = [name for entry in config.components for name in entry.names]
+        components = self.job.components or placed
+        for name in [
+            *(n for n in placed if n not in components),
+            *(n for n in components if n not in placed),
+        ]:
+            hint = did_you_mean(name, placed if name in components else components)
+            raise PlacementError(
+                f"{'unknown' if name in placed else 'missing'} component {name!r}"
+                + (f"; {hint}" if hint else ""),
+                where="cluster.component_placement",
+                expected=f"the {self.job.title} job's components: " + ", ".join(components),
+            )
+        counts = config.simulate or (
+            config.num_gpus_per_node if config.num_gpus_per_node is not None else None
+        )
+        if counts is not None:
+            ComponentPlacement({"cluster": config}, ClusterSpec.from_config(config, counts))
+
     # ----------------------------------------------------------------------------- the life
     def execute(self) -> RunResult:
         """Place, launch, iterate; always release what was started (see the module docstring)."""
@@ -138,7 +167,7 @@ class Run(TrainedGroups):
         job, state = self.job, self.state
         self.result = result = RunResult(job, self.output, resumed_from=state.iteration)
         try:
-            self.cluster = self._given_cluster or Cluster(self.cfg["cluster"])
+            self.cluster = self._given_cluster or Cluster(cluster_section(self.cfg))
             self.placement = ComponentPlacement(self.cfg, self.cluster)
             for warning in self.placement.memory_warnings:  # cluster.memory_check: warn
                 self.console.print(Text.assemble(("warning: ", "yellow"), warning), soft_wrap=True)
@@ -166,13 +195,6 @@ class Run(TrainedGroups):
         return result
 
     def _reserve(self, result: RunResult) -> None:
-        missing = [name for name in self.job.components if name not in self.placement.components]
-        if missing:
-            raise PlacementError(
-                f"the {self.job.title} job needs components {', '.join(self.job.components)}; missing "
-                f"{', '.join(missing)}",
-                where="cluster.component_placement",
-            )
         with self.console.status("reserving the layout"):
             self.layout = Layout(self.cluster, self.placement, self.job.components)
         self.out.plan(self.cluster, self.placement, self.layout, result)
