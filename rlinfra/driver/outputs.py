@@ -135,7 +135,9 @@ class RunOutputs:
         key, target = job.target_key, job.target()
         if key and target is not None:
             points = [p for p in job.curve(read_metrics(self.output)) if p.get(key) is not None]
-            result.time_to_target_s = next((p["time_s"] for p in points if p[key] >= target), None)
+            first = next((p for p in points if p[key] >= target), None)  # the first crossing
+            if first is not None:
+                result.time_to_target_s, result.iterations_to_target = first["time_s"], first.get("iteration")
             if settings.plot:
                 title = f"{job.title}: {name or self.output.name}"
                 result.plot = plot_curve(points, self.output / CURVE_FILE, key, target, title, job.unit)

@@ -26,6 +26,7 @@ class RunResult:
     outcome: str = BUDGET
     wall_s: float = 0.0  # this process: Ray start, launch, training and teardown
     time_to_target_s: float | None = None  # training seconds until the target was first reached
+    iterations_to_target: int | None = None  # the iteration of that first crossing
     plot: Path | None = None
     placements: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     relations: dict[str, str] = field(default_factory=dict)  # "actor-rollout" → "colocated", …
@@ -61,6 +62,7 @@ class RunResult:
             "relations": self.relations,
             "target": self.job.target(),
             "time_to_target_s": self.time_to_target_s,
+            "iterations_to_target": self.iterations_to_target,
             "training_s": round(state.training_s, 3),
             "wall_s": round(self.wall_s, 3),
             "batches": self.batches,
@@ -76,9 +78,12 @@ class RunResult:
         head = f"{count} {job.unit}s"
         if self.interrupted:
             head = f"interrupted after {job.unit} {count}; everything released; continue with --resume"
+        elif reached is not None:  # the first crossing's own iteration and time, then the whole run's
+            crossed = self.iterations_to_target
+            head = f"reached {what} {target:g} at {job.unit} {crossed}, {reached:.1f} s of training"
+            head += f"; {count} {job.unit}s in all" if count != crossed else ""
         elif target is not None:
-            got = f"reached {what} {target:g}" if reached is not None else f"did NOT reach {what} {target:g}"
-            head = f"{got} in {count} {job.unit}s" + (f", {reached:.1f} s of training" if reached else "")
+            head = f"did NOT reach {what} {target:g} in {count} {job.unit}s"
         lines = [f"{head} ({self.wall_s:.1f} s wall, with Ray start and launch)", *job.report(self)]
         if state_events := job.state.events:
             lines.append(f"survived {len(state_events)} fault(s): see {folder / SUMMARY_FILE}")

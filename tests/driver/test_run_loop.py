@@ -18,7 +18,7 @@ from rlinfra.driver import Batch, ContractError, Job, Update
 from rlinfra.driver.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.driver.failure_report import failed_ranks
 from rlinfra.driver.metrics import read_events, read_metrics
-from rlinfra.driver.result import BUDGET, TARGET
+from rlinfra.driver.result import BUDGET, TARGET, RunResult
 from rlinfra.driver.run import Run
 from rlinfra.driver.settings import RunSettings
 from rlinfra.driver.steps import Step
@@ -464,3 +464,17 @@ def test_a_trainer_that_reports_batches_it_was_not_given_as_lost_is_named(tmp_pa
     run.trainer.answer = lambda *args: Update(5, [], lost=["env:9#99"])  # type: ignore[method-assign]
     with pytest.raises(ContractError, match=r"reported as lost batches it was not given: \['env:9#99'\]"):
         run._loop()
+
+
+def test_the_closing_line_gives_the_first_crossing_its_own_iteration_and_time(tmp_path):
+    run, loop, _ = make_run(tmp_path, total=5, target=2.0)
+    loop.stop_at_target = False  # trains on past the target: the crossing is not the last iteration
+    run._loop()
+    finish(run)
+    result = RunResult(loop, tmp_path)
+    run.out.end(result, "first crossing")
+    crossing = next(r for r in read_metrics(tmp_path) if r.get("score", 0) >= 2.0)
+    assert (result.iterations_to_target, result.time_to_target_s) == (2, crossing["time_s"])
+    assert result.report().startswith(
+        f"reached score 2 at iteration 2, {crossing['time_s']:.1f} s of training; 5 iterations in all"
+    )
