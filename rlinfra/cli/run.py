@@ -22,8 +22,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinfra.cli.options import argument, user_errors
-from rlinfra.config import ConfigError
+from rlinfra.config import ConfigError, parse_config
 from rlinfra.config.loading import load_config
+from rlinfra.views.config_view import config_table
+from rlinfra.views.tables import make_console
 
 
 def run(
@@ -32,15 +34,31 @@ def run(
         list[str] | None, argument(metavar="[KEY=VALUE]...", help="Overrides, e.g. algo.iterations=50.")
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
+    show_config: Annotated[
+        bool,
+        typer.Option(
+            "--show-config",
+            help="Print every key of the job's config (value, default, type, allowed values) and exit "
+            "without starting Ray.",
+        ),
+    ] = False,
 ) -> None:
     """Run the job CONFIG names in run.entrypoint: placement map first, then progress, then results."""
-    with user_errors(ConfigError, OmegaConfBaseException):
+    with user_errors(ConfigError, OmegaConfBaseException) as errors:
         cfg = load_config(config)
         malformed = [item for item in overrides or () if "=" not in item or item.startswith("=")]
         if malformed:
             raise ConfigError(f"override {malformed[0]!r}: expected KEY=VALUE, e.g. algo.iterations=50")
         cfg.merge_with_dotlist(list(overrides or ()))
         entry = resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config)
+        job = getattr(entry, "__self__", None)  # a job class's main: its Config is the schema
+        if show_config:
+            if not isinstance(job, type) or not hasattr(job, "Config"):
+                raise ConfigError(f"{config}: --show-config needs run.entrypoint to name a Job class")
+            parsed = parse_config(job.Config, cfg)
+            make_console().print(config_table(parsed, f"{job.__name__}'s config ({config})"))
+            errors.print("the cluster section: rlinfra plan " + str(config), style="dim")
+            raise typer.Exit(0)
     raise typer.Exit(entry(cfg, resume=resume))
 
 

@@ -19,12 +19,14 @@ Transport = Literal["object_store", "object_store_shared", "broadcast", "cuda_ip
 class RunSettings(Section):
     """``run``: outputs, checkpoints, the weight transport and the driver's deadlines."""
 
-    entrypoint: str = ""  # read by ``rlinfra run``, not by the job
-    output_dir: str = "outputs/run"
-    checkpoint_every: int = Field(default=1, ge=1)  # iterations
-    trainer: str = "actor"  # the component start_trainer launches, checkpoints and restarts
-    transport: Transport = "object_store"  # a job whose receivers support fewer narrows it
-    call_timeout_s: float = Field(default=300.0, gt=0)  # the wait for one group step
-    launch_timeout_s: float = Field(default=180.0, gt=0)
-    plot: bool = True
-    tensorboard: bool = True  # event files in OUTPUT/tensorboard, beside metrics.jsonl
+    entrypoint: str = Field(
+        default="", description="the job: 'package.module:JobClass' (rlinfra run reads it)"
+    )
+    output_dir: str = Field(default="outputs/run", description="metrics, checkpoints, summary.json")
+    checkpoint_every: int = Field(default=1, ge=1, description="iterations between checkpoints")
+    trainer: str = Field(default="actor", description="the component start_trainer launches and restarts")
+    transport: Transport = Field(default="object_store", description="how weight versions move")
+    call_timeout_s: float = Field(default=300.0, gt=0, description="the wait for one group step")
+    launch_timeout_s: float = Field(default=180.0, gt=0, description="the wait for a group to start")
+    plot: bool = Field(default=True, description="draw the curve towards the target")
+    tensorboard: bool = Field(default=True, description="event files in OUTPUT/tensorboard")

@@ -57,3 +57,23 @@ def test_a_malformed_override_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", str(config), "algo.status"])
     assert result.exit_code == 2
     assert "algo.status" in result.output
+
+
+def test_show_config_lists_every_key_of_the_jobs_schema_and_starts_nothing():
+    bandit = Path(__file__).resolve().parents[2] / "examples" / "bandit" / "bandit.yaml"
+    shown = CliRunner().invoke(
+        app, ["run", str(bandit), "--show-config", "algo.pulls=32"], env={"COLUMNS": "250"}
+    )
+    assert shown.exit_code == 0, shown.output
+    rows = {line.split("│")[1].strip(): line for line in shown.stdout.splitlines() if line.count("│") > 3}
+    assert {"run.checkpoint_every", "run.transport", "algo.iterations", "algo.pulls", "algo.target"} <= set(
+        rows
+    )
+    assert [cell.strip() for cell in rows["algo.pulls"].split("│")[2:5]] == ["32", "64", "int"]
+    assert (
+        "≥ 1" in rows["run.checkpoint_every"]
+        and "iterations between checkpoints" in rows["run.checkpoint_every"]
+    )
+    assert "'object_store', 'object_store_shared'" in rows["run.transport"]
+    refused = CliRunner().invoke(app, ["run", str(bandit), "--show-config", "algo.pullz=32"])
+    assert refused.exit_code == 2 and "unknown key 'pullz'; did you mean 'pulls'?" in refused.stderr
