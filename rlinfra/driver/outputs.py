@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlinfra.driver.metrics import MetricsLog, read_metrics
 from rlinfra.placement import ComponentPlacement
 from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.supervision import Restart
 from rlinfra.views.node_view import node_loads
@@ -58,10 +59,19 @@ class RunOutputs:
         pairs = itertools.pairwise(self.job.components)
         result.relations = {f"{a}-{b}": layout.plan.relation(a, b) for a, b in pairs}
 
-    def placed(self, placement: ComponentPlacement, layout: Layout, result: RunResult) -> None:
-        """``placement.json``: where each component's ranks were placed, once they run."""
-        names = self.job.components
-        result.placements = {n: [p.to_dict() for p in placement.get_placements(n)] for n in names}
+    def placed(
+        self, placement: ComponentPlacement, layout: Layout, result: RunResult, groups: list[WorkerGroup]
+    ) -> None:
+        """``placement.json``: where each component's ranks were placed and each one's process id,
+        once they run; written again after every recovery (a replaced rank is a new process)."""
+        names, info = self.job.components, {group.name: group.worker_info for group in groups}
+        result.placements = {
+            n: [
+                p.to_dict() | {"pid": info[n][p.rank].get("pid") if n in info else None}
+                for p in placement.get_placements(n)
+            ]
+            for n in names
+        }
         result.misplaced_bundles = [
             f"{name}:{row.rank} planned on node {row.planned_node_rank}, placed on {row.node_rank}"
             for name in names

@@ -81,10 +81,11 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     def kill(record: dict) -> None:
         victim = {2: "rollout:1", 4: "actor:0"}.get(record["iteration"])
         if victim is not None and victim not in killed:
-            sigkill(victim)
+            killed_pids.append(sigkill(victim))
             killed.append(victim)
 
     killed: list[str] = []
+    killed_pids: list[int] = []
     screen = io.StringIO()
     console = Console(file=screen, width=200)
     cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=6")
@@ -108,6 +109,12 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     assert summary["recoveries"] == events
     assert "survived 2 fault(s)" in result.report()
     assert [r["iteration"] for r in read_metrics(tmp_path)] == list(range(1, 7))  # none repeated
+    placed = json.loads((tmp_path / "placement.json").read_text())["components"]
+    pids = {f"{name}:{r['rank']}": r["pid"] for name, ranks in placed.items() for r in ranks}
+    assert set(pids) == {"actor:0", "rollout:0", "rollout:1"} and all(
+        isinstance(p, int) for p in pids.values()
+    )
+    assert pids["rollout:1"] != killed_pids[0] and pids["actor:0"] != killed_pids[1]  # the new processes
     assert_every_batch_ended(summary)
     assert_resources_released()
 
