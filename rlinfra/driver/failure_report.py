@@ -97,15 +97,18 @@ class FailureReport:
     def render(self) -> str:
         """The report as lines for a terminal."""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at))
-        lines = [f"the run stopped at {when}: {self.error}"]
+        kind, _, headline = self.error.partition(": ")  # the error, printed just above the report
+        lines = [f"the run stopped at {when} ({kind})"]
         for rank in self.failed:
             where = f"node {rank.node_rank}" if rank.node_rank is not None else "unknown node"
             reason = rank.reason.partition("\n")[0]
-            lines.append(f"  {rank.component}:{rank.rank} ({where}) {rank.kind}: {reason}")
+            if reason != headline:  # each fact once
+                lines.append(f"  {rank.component}:{rank.rank} ({where}) {rank.kind}: {reason}")
         lines.append(f"what was tried: {len(self.attempts) or 'nothing'}")
         for attempt in self.attempts:
             stamp = time.strftime("%H:%M:%S", time.localtime(attempt.at))
-            detail = f" ({attempt.detail.splitlines()[0]})" if attempt.detail else ""
+            said = attempt.detail.partition("\n")[0]
+            detail = f" ({said})" if said and said != headline else ""
             who = f"{attempt.component}:{attempt.rank}"
             lines.append(f"  {stamp} {who} {attempt.outcome} in {attempt.took_s:.1f} s{detail}")
         if self.committed_version is not None:

@@ -125,8 +125,11 @@ def test_a_failed_run_ends_every_batch_and_reports(cluster, tmp_path) -> None:
             sigkill("rollout:0")
 
     cfg = bandit(tmp_path, "algo.target=2.0", "cluster.component_placement.rollout.restart.max=0")
-    with pytest.raises(SupervisionError, match="rollout"):
+    with pytest.raises(SupervisionError, match="rollout") as failed:
         Bandit.run(cfg, cluster=cluster, on_iteration=kill)
+    shown = "\n".join([str(failed.value), *failed.value.__notes__])  # what the CLI prints
+    assert shown.count("restart budget spent") == 1, shown  # each fact once
+    assert "what was tried: 1\n" in shown and " rollout:0 refused in " in shown
     summary = summary_of(tmp_path)
     assert summary["outcome"] == "failed"
     assert_every_batch_ended(summary)
