@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 SUMMARY_FILE = "summary.json"
 BUDGET, TARGET, INTERRUPTED, FAILED = "budget", "target", "interrupted", "failed"  # how a run ended
+ENDED = "ended"  # resumed after it had ended so, with the same config: nothing was run
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RunResult:
     switches: dict[str, float] = field(default_factory=dict)  # time-sharing, when colocated
     phases: list[tuple[str, str]] = field(default_factory=list)  # (component, sleep/wake) in order
     memory: dict[str, dict[str, Any]] = field(default_factory=dict)  # measured vs the memory plan
+    ended_by: str = ""  # with outcome ENDED: how the resumed run had ended (budget, target)
 
     @property
     def state(self) -> Any:
@@ -69,6 +71,7 @@ class RunResult:
             "recoveries": state.events,
             "switches": self.switches,
             "memory": self.memory,
+            "config": self.job.config.model_dump(mode="json"),
         } | self.job.outcome(self)
 
     def report(self) -> str:
@@ -76,6 +79,11 @@ class RunResult:
         job, folder, count = self.job, self.output_dir, self.iterations
         what, target, reached = job.target_key.replace("_", " "), job.target(), self.time_to_target_s
         head = f"{count} {job.unit}s"
+        if self.outcome == ENDED:
+            return (
+                f"nothing to resume: the run already ended ({self.ended_by}) at {job.unit} {count} with this "
+                f"config; change it (e.g. a larger budget) to go on. Its files: {folder}"
+            )
         if self.interrupted:
             head = f"interrupted after {job.unit} {count}; everything released; continue with --resume"
         elif reached is not None:  # the first crossing's own iteration and time, then the whole run's

@@ -25,6 +25,7 @@ in this order:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -51,7 +52,7 @@ from rlinfra.services.weights.probe import LogprobProbe
 
 from .outputs import RunOutputs
 from .records import ContractError
-from .result import BUDGET, FAILED, INTERRUPTED, TARGET, RunResult
+from .result import BUDGET, ENDED, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, RunResult
 from .steps import BatchStream, Step
 from .supervised import Pending
 from .trained import StartTrainer, TrainedGroups
@@ -102,10 +103,12 @@ class Run(TrainedGroups):
             )
         # Each trained group's payload and the driver's state a restart goes back to (none: the start).
         self._last_checkpoint: tuple[dict[str, bytes], dict[str, Any] | None] = ({}, None)
+        self.ended: str | None = None  # how a resumed run that has nothing left to run ended
         if saved is not None:
             self._last_checkpoint = (dict(saved.payloads), saved.state)
             self._refuse_unless_saved(self.settings.trainer, "run.trainer")  # before Ray starts
             self.state.load(saved.state)
+            self.ended = self._ended_with_this_config(saved.step)
         # Iterations logged after the checkpoint are redone: the log continues from it.
         self.out = RunOutputs(job, self.console, self.output, self.state.iteration if resume else None)
         self._given_cluster = cluster
@@ -132,6 +135,18 @@ class Run(TrainedGroups):
         self.outcome = BUDGET
         self._looping = False  # ``steps`` has begun: a lost trainer rank restarts the trainer
         self._ctrl_c = CtrlC()
+
+    def _ended_with_this_config(self, last_step: int) -> str | None:
+        """``budget`` or ``target`` when the run being resumed ended so, at its last checkpoint,
+        with this very config: nothing is left to run (a changed config, e.g. a larger budget,
+        goes on)."""
+        try:
+            summary = json.loads((self.output / SUMMARY_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        ended = summary.get("outcome") in (BUDGET, TARGET) and summary.get("iterations") == last_step
+        same = summary.get("config") == self.job.config.model_dump(mode="json")
+        return str(summary["outcome"]) if ended and same else None
 
     def _preflight(self) -> None:
         """What needs no cluster, checked before Ray starts: the components placed are the job's
@@ -166,6 +181,10 @@ class Run(TrainedGroups):
         started = time.perf_counter()
         job, state = self.job, self.state
         self.result = result = RunResult(job, self.output, resumed_from=state.iteration)
+        if self.ended is not None:  # nothing left: say so, start nothing
+            self.out.log.close()
+            result.outcome, result.ended_by = ENDED, self.ended
+            return result
         try:
             self.cluster = self._given_cluster or Cluster(cluster_section(self.cfg))
             self.placement = ComponentPlacement(self.cfg, self.cluster)

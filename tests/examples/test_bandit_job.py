@@ -279,3 +279,18 @@ def test_each_planned_components_measured_peak_is_reported_beside_the_plan_and_w
     output = console.getvalue()
     assert "warning: actor:0 peaked at" in output and "over the plan's 0.01 GiB" in output
     assert "rollout:" not in output.split("warning:")[-1]
+
+
+def test_resuming_a_run_that_ended_with_the_same_config_runs_nothing_and_says_so(cluster, tmp_path):
+    cfg = bandit(tmp_path, "algo.iterations=2", "algo.target=2.0")
+    assert Bandit.run(cfg, cluster=cluster).outcome == "budget"
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    again = Bandit.run(cfg, cluster=cluster, resume=True)
+    assert again.outcome == "ended" and again.iterations == 2
+    assert again.report().startswith("nothing to resume: the run already ended (budget) at iteration 2")
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics and summary_of(tmp_path)["outcome"] == "budget"
+    longer = Bandit.run(
+        bandit(tmp_path, "algo.iterations=3", "algo.target=2.0"), cluster=cluster, resume=True
+    )
+    assert longer.outcome == "budget" and longer.resumed_from == 2 and longer.iterations == 3
+    assert_resources_released()
