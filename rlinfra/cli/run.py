@@ -5,7 +5,8 @@ its ``main``) is called with the loaded config
 (overrides applied, OmegaConf dotlist syntax) and ``resume=``; it returns the exit status. The
 current directory is put on ``sys.path`` first, as ``python -m`` does, so a job in the working
 tree (``examples.ppo_cartpole.job:PPOJob``) imports without being installed — and Ray hands the
-driver's directory to its workers, so they import it too.
+driver's directory to its workers, so they import it too. So is the config's own folder (also on
+the workers' ``PYTHONPATH``): a job module kept beside its config runs from any directory.
 """
 
 from __future__ import annotations
@@ -68,13 +69,18 @@ def resolve_entrypoint(text: Any, config: Path) -> Callable[..., int]:
     if not isinstance(text, str) or text.count(":") != 1:
         raise ConfigError(f"{where}: expected 'package.module:function', got {text!r}")
     module_name, function_name = text.split(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    beside = str(config.resolve().parent)  # a job kept beside its config, from any directory
+    for folder in (beside, os.getcwd()):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    # The workers import it too: an embedded Ray's processes inherit this environment.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (beside, os.environ.get("PYTHONPATH"))))
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ConfigError(
-            f"{where}: cannot import {module_name!r} ({error}); run from the folder it lives in"
+            f"{where}: cannot import {module_name!r} ({error}); keep it beside the config or run from "
+            "the folder its package lives in"
         ) from None
     function = getattr(module, function_name, None)
     if isinstance(function, type):  # a job class (``rlinfra.driver.Job``): its ``main``

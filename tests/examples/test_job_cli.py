@@ -146,3 +146,31 @@ def test_bad_job_settings_are_named_before_ray_starts(override: str, message: st
     cfg = load_config(EXAMPLE, "colocated", [override])
     with pytest.raises(JobConfigError, match=message.replace("(", r"\(")):
         parse_config(JobConfig, cfg)
+
+
+def test_a_job_kept_beside_its_config_runs_from_any_directory(tmp_path):
+    job = tmp_path / "jobs"
+    job.mkdir()
+    (job / "mybandit.py").write_text((ROOT / "examples" / "bandit" / "job.py").read_text())
+    config = (ROOT / "examples" / "bandit" / "bandit.yaml").read_text()
+    config = config.replace("examples.bandit.job:Bandit", "mybandit:Bandit")
+    config = config.replace("outputs/bandit", str(tmp_path / "out"))
+    (job / "mybandit.yaml").write_text(config)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [
+            str(RLINFRA),
+            "run",
+            str(job / "mybandit.yaml"),
+            "algo.iterations=2",
+            "algo.target=2.0",
+            "run.plot=false",
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [r["iteration"] for r in read_metrics(tmp_path / "out")] == [1, 2]  # its workers imported it too
