@@ -8,6 +8,7 @@ from rlinfra.cli.job import job_app
 from rlinfra.cli.plan import plan
 from rlinfra.cli.run import run
 from rlinfra.cli.slurm import slurm_app
+from rlinfra.cli.status import status
 
 app = typer.Typer(
     name="rlinfra",
@@ -21,6 +22,7 @@ app = typer.Typer(
 
 app.command("plan")(plan)
 app.command("run")(run)
+app.command("status")(status)
 app.add_typer(job_app, name="job")
 app.add_typer(slurm_app, name="slurm")
 

@@ -12,9 +12,11 @@ import signal
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from examples.bandit.job import Bandit, Policy, Sampler
 from rlinfra import Worker
+from rlinfra.cli.main import app
 from rlinfra.driver import Batch, JobConfigError, Run, Update, read_events, read_metrics
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.placement import PlacementError
@@ -79,6 +81,8 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     # A sampler killed while it pulls (after iteration 2) is replaced; the trainer killed after
     # iteration 4 is restarted from its checkpoint. Each shows in all three places.
     def kill(record: dict) -> None:
+        if record["iteration"] == 3:  # a second terminal's view of the live run
+            live.append(CliRunner().invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"}).stdout)
         victim = {2: "rollout:1", 4: "actor:0"}.get(record["iteration"])
         if victim is not None and victim not in killed:
             killed_pids.append(sigkill(victim))
@@ -86,6 +90,7 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
 
     killed: list[str] = []
     killed_pids: list[int] = []
+    live: list[str] = []
     screen = io.StringIO()
     console = Console(file=screen, width=200)
     cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=6")
@@ -115,6 +120,12 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
         isinstance(p, int) for p in pids.values()
     )
     assert pids["rollout:1"] != killed_pids[0] and pids["actor:0"] != killed_pids[1]  # the new processes
+    assert f"{tmp_path}: running (last progress" in live[0] and "iteration 3," in live[0]
+    assert "recoveries: 1\n  rollout:1 replaced after" in live[0]
+    ended = CliRunner().invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"})
+    assert ended.exit_code == 0 and f"{tmp_path}: ended: budget" in ended.stdout
+    assert "iteration 6," in ended.stdout and "recoveries: 2" in ended.stdout
+    assert f"1: node 0 pid {pids['rollout:1']}" in ended.stdout
     assert_every_batch_ended(summary)
     assert_resources_released()
 
