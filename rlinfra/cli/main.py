@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from rlinfra.cli.job import job_app
+from rlinfra.cli.logs import logs
 from rlinfra.cli.plan import plan
 from rlinfra.cli.run import run
 from rlinfra.cli.slurm import slurm_app
@@ -23,6 +24,7 @@ app = typer.Typer(
 app.command("plan")(plan)
 app.command("run")(run)
 app.command("status")(status)
+app.command("logs")(logs)
 app.add_typer(job_app, name="job")
 app.add_typer(slurm_app, name="slurm")
 

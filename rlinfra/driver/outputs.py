@@ -60,10 +60,16 @@ class RunOutputs:
         result.relations = {f"{a}-{b}": layout.plan.relation(a, b) for a, b in pairs}
 
     def placed(
-        self, placement: ComponentPlacement, layout: Layout, result: RunResult, groups: list[WorkerGroup]
+        self,
+        placement: ComponentPlacement,
+        layout: Layout,
+        result: RunResult,
+        groups: list[WorkerGroup],
+        logs: str,
     ) -> None:
         """``placement.json``: where each component's ranks were placed and each one's process id,
-        once they run; written again after every recovery (a replaced rank is a new process)."""
+        once they run, and the folder of their logs (``logs``, for ``rlinfra logs``); written
+        again after every recovery (a replaced rank is a new process)."""
         names, info = self.job.components, {group.name: group.worker_info for group in groups}
         result.placements = {
             n: [
@@ -78,7 +84,7 @@ class RunOutputs:
             for row in layout.bundle_report(name)
             if not row.matches
         ]
-        placed = {"components": result.placements, "relations": result.relations}
+        placed = {"components": result.placements, "relations": result.relations, "logs": logs}
         (self.output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
 
     def begin(self, total: int, done: int) -> None:

@@ -241,7 +241,7 @@ class Run(TrainedGroups):
             if self.supervisor is None:
                 self.supervise()
             if self.layout is not None:
-                self.out.placed(self.placement, self.layout, self.result, self._groups)
+                self.out.placed(self.placement, self.layout, self.result, self._groups, self.cluster.logs_dir)
             self.state.served_versions.append(self.served_version)
             self.out.begin(total, self.state.iteration)
         self.clock = time.perf_counter()
@@ -424,7 +424,7 @@ class Run(TrainedGroups):
         """A survived fault: a console line, a metrics event, an entry of ``summary.json``."""
         self.state.events.append(self.out.event(restart, self.state.iteration, served_after_s, **extra))
         if self.layout is not None:  # the new process ids
-            self.out.placed(self.placement, self.layout, self.result, self._groups)
+            self.out.placed(self.placement, self.layout, self.result, self._groups, self.cluster.logs_dir)
 
     # ---------------------------------------------------------------------- updates, weights
     def record_update(self, batch_ids: Iterable[str]) -> None:

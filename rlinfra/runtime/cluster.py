@@ -141,6 +141,13 @@ class Cluster:
         alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
         return {node.rank for node in self.nodes if node.node_id not in alive}
 
+    @property
+    def logs_dir(self) -> str:
+        """Where Ray writes this session's logs on the head node, each worker's output among them
+        (``worker-*-<pid>.out`` and ``.err``)."""
+        context = ray.get_runtime_context()
+        return os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+
     def require(self, at_least: bool = False, **expected: float) -> None:
         """Raise ``ClusterError`` unless Ray's ledger matches ``expected`` (e.g. ``GPU=16``).
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import io
 import json
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -83,6 +86,9 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     def kill(record: dict) -> None:
         if record["iteration"] == 3:  # a second terminal's view of the live run
             live.append(CliRunner().invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"}).stdout)
+            rlinfra = str(Path(sys.executable).with_name("rlinfra"))
+            command = [rlinfra, "logs", str(tmp_path), "rollout", "--follow"]
+            followers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
         victim = {2: "rollout:1", 4: "actor:0"}.get(record["iteration"])
         if victim is not None and victim not in killed:
             killed_pids.append(sigkill(victim))
@@ -91,6 +97,7 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     killed: list[str] = []
     killed_pids: list[int] = []
     live: list[str] = []
+    followers: list[subprocess.Popen] = []
     screen = io.StringIO()
     console = Console(file=screen, width=200)
     cfg = bandit(tmp_path, "algo.target=2.0", "algo.iterations=6")
@@ -126,6 +133,13 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     assert ended.exit_code == 0 and f"{tmp_path}: ended: budget" in ended.stdout
     assert "iteration 6," in ended.stdout and "recoveries: 2" in ended.stdout
     assert f"1: node 0 pid {pids['rollout:1']}" in ended.stdout
+    logs = CliRunner().invoke(app, ["logs", str(tmp_path), "rollout:1"])  # the replacement's own log
+    assert logs.exit_code == 0 and "rollout:1 | :actor_name:rollout:1" in logs.stdout, logs.output
+    assert {line.split(" | ")[0] for line in logs.stdout.splitlines()} == {"rollout:1"}
+    followed, _ = followers[0].communicate(timeout=30)  # --follow ends with the run
+    assert followers[0].returncode == 0 and "rollout:0 | :actor_name:rollout:0" in followed
+    wrong = CliRunner().invoke(app, ["logs", str(tmp_path), "rollouts"])
+    assert wrong.exit_code == 2 and "did you mean 'rollout'?" in wrong.stderr
     assert_every_batch_ended(summary)
     assert_resources_released()
 
