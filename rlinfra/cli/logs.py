@@ -17,8 +17,7 @@ import typer
 
 from rlinfra.cli.options import argument, user_errors
 from rlinfra.config import ConfigError, did_you_mean
-from rlinfra.driver.outputs import PLACEMENT_FILE
-from rlinfra.driver.result import SUMMARY_FILE
+from rlinfra.driver.result import PLACEMENT_FILE, SUMMARY_FILE
 
 FOLLOW_POLL_S = 0.5  # how often --follow looks for new lines (files give no event to wait on)
 

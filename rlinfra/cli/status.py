@@ -15,8 +15,7 @@ from typing import Annotated, Any
 from rlinfra.cli.options import argument, user_errors
 from rlinfra.config import ConfigError
 from rlinfra.driver.metrics import METRICS_FILE, read_events, read_metrics
-from rlinfra.driver.outputs import PLACEMENT_FILE
-from rlinfra.driver.result import SUMMARY_FILE
+from rlinfra.driver.result import PLACEMENT_FILE, SUMMARY_FILE
 from rlinfra.views.tables import make_console
 
 SHOWN_METRICS = 8  # the last record's first keys, beside the standard ones

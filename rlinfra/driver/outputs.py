@@ -23,12 +23,11 @@ from rlinfra.views.node_view import node_loads
 from rlinfra.views.plan_view import render_plan
 
 from .entry import plot_curve
-from .result import SUMMARY_FILE, RunResult
+from .result import PLACEMENT_FILE, SUMMARY_FILE, RunResult
 
 if TYPE_CHECKING:
     from .job import Job
 
-PLACEMENT_FILE = "placement.json"
 OVER_PLAN = 1.25  # a measured peak this far above the memory plan's prediction is a warning
 CURVE_FILE = "curve.png"
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .job import Job
 
 SUMMARY_FILE = "summary.json"
+PLACEMENT_FILE = "placement.json"  # where the ranks run: nodes, pids, the logs folder
 BUDGET, TARGET, INTERRUPTED, FAILED = "budget", "target", "interrupted", "failed"  # how a run ended
 ENDED = "ended"  # resumed after it had ended so, with the same config: nothing was run
 
