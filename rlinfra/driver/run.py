@@ -158,13 +158,12 @@ class Run(TrainedGroups):
         config = parse_cluster_config(cluster_section(self.cfg))
         placed = [name for entry in config.components for name in entry.names]
         components = self.job.components or placed
-        for name in [
-            *(n for n in placed if n not in components),
-            *(n for n in components if n not in placed),
-        ]:
-            hint = did_you_mean(name, placed if name in components else components)
+        unknown = [name for name in placed if name not in components]
+        strays = [*unknown, *(name for name in components if name not in placed)]
+        if strays:
+            hint = did_you_mean(strays[0], components) if unknown else ""
             raise PlacementError(
-                f"{'unknown' if name in placed else 'missing'} component {name!r}"
+                f"{'unknown' if unknown else 'missing'} component {strays[0]!r}"
                 + (f"; {hint}" if hint else ""),
                 where="cluster.component_placement",
                 expected=f"the {self.job.title} job's components: " + ", ".join(components),
