@@ -70,20 +70,21 @@ class RunOutputs:
         once they run, and the folder of their logs (``logs``, for ``rlinfra logs``); written
         again after every recovery (a replaced rank is a new process)."""
         names, info = self.job.components, {group.name: group.worker_info for group in groups}
-        result.placements = {
-            n: [
-                p.to_dict() | {"pid": info[n][p.rank].get("pid") if n in info else None}
-                for p in placement.get_placements(n)
-            ]
-            for n in names
-        }
+        result.placements = {n: [p.to_dict() for p in placement.get_placements(n)] for n in names}
         result.misplaced_bundles = [
             f"{name}:{row.rank} planned on node {row.planned_node_rank}, placed on {row.node_rank}"
             for name in names
             for row in layout.bundle_report(name)
             if not row.matches
         ]
-        placed = {"components": result.placements, "relations": result.relations, "logs": logs}
+        running = {  # as planned, with each rank's process
+            name: [
+                record | {"pid": info[name][record["rank"]].get("pid") if name in info else None}
+                for record in records
+            ]
+            for name, records in result.placements.items()
+        }
+        placed = {"components": running, "relations": result.relations, "logs": logs}
         (self.output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
 
     def begin(self, total: int, done: int) -> None:
