@@ -58,7 +58,7 @@ def _log_files(folder: Path, which: str | None) -> dict[str, list[Path]]:
         raise ConfigError(
             f"{folder}: no readable {PLACEMENT_FILE}", expected="a run's run.output_dir"
         ) from None
-    ranks = {f"{name}:{r['rank']}": r.get("pid") for name, rs in placed["components"].items() for r in rs}
+    ranks = {rank: process.get("pid") for rank, process in placed.get("processes", {}).items()}
     chosen = [rank for rank in ranks if which is None or rank == which or rank.split(":")[0] == which]
     if not chosen:
         hint = did_you_mean(str(which), [*ranks, *(rank.split(":")[0] for rank in ranks)])

@@ -55,12 +55,8 @@ def _lines(folder: Path, records: list[dict[str, Any]]) -> list[str]:
     events = read_events(folder)
     lines.append(f"recoveries: {len(events)}")
     lines += [f"  {e['component']}:{e['rank']} {e['event']} after {e.get('cause', '')}" for e in events]
-    placed = _json(folder / PLACEMENT_FILE) or {"components": {}}
-    for name, ranks in placed["components"].items():
-        ranks_text = ", ".join(
-            f"{r['rank']}: node {r['cluster_node_rank']} pid {r.get('pid')}" for r in ranks
-        )
-        lines.append(f"{name} ranks — {ranks_text}")
+    processes = (_json(folder / PLACEMENT_FILE) or {}).get("processes", {})
+    lines += [f"{rank}: node {process['node']}, pid {process['pid']}" for rank, process in processes.items()]
     return lines
 
 

@@ -77,14 +77,21 @@ class RunOutputs:
             for row in layout.bundle_report(name)
             if not row.matches
         ]
-        running = {  # as planned, with each rank's process
-            name: [
-                record | {"pid": info[name][record["rank"]].get("pid") if name in info else None}
-                for record in records
-            ]
+        processes = {  # each rank's process now (``rlinfra status``, ``rlinfra logs``)
+            f"{name}:{record['rank']}": {
+                "node": record["cluster_node_rank"],
+                "pid": info[name][record["rank"]].get("pid"),
+            }
             for name, records in result.placements.items()
+            if name in info
+            for record in records
         }
-        placed = {"components": running, "relations": result.relations, "logs": logs}
+        placed = {
+            "components": result.placements,
+            "relations": result.relations,
+            "processes": processes,
+            "logs": logs,
+        }
         (self.output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
 
     def begin(self, total: int, done: int) -> None:

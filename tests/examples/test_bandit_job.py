@@ -121,8 +121,9 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     assert summary["recoveries"] == events
     assert "survived 2 fault(s)" in result.report()
     assert [r["iteration"] for r in read_metrics(tmp_path)] == list(range(1, 7))  # none repeated
-    placed = json.loads((tmp_path / "placement.json").read_text())["components"]
-    pids = {f"{name}:{r['rank']}": r["pid"] for name, ranks in placed.items() for r in ranks}
+    processes = json.loads((tmp_path / "placement.json").read_text())["processes"]
+    pids = {rank: process["pid"] for rank, process in processes.items()}
+    assert all(process["node"] == 0 for process in processes.values())
     assert set(pids) == {"actor:0", "rollout:0", "rollout:1"} and all(
         isinstance(p, int) for p in pids.values()
     )
@@ -132,7 +133,7 @@ def test_survived_faults_are_shown_logged_and_summarised(cluster, tmp_path) -> N
     ended = CliRunner().invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"})
     assert ended.exit_code == 0 and f"{tmp_path}: ended: budget" in ended.stdout
     assert "iteration 6," in ended.stdout and "recoveries: 2" in ended.stdout
-    assert f"1: node 0 pid {pids['rollout:1']}" in ended.stdout
+    assert f"rollout:1: node 0, pid {pids['rollout:1']}" in ended.stdout
     logs = CliRunner().invoke(app, ["logs", str(tmp_path), "rollout:1"])  # the replacement's own log
     assert logs.exit_code == 0 and "rollout:1 | :actor_name:rollout:1" in logs.stdout, logs.output
     assert {line.split(" | ")[0] for line in logs.stdout.splitlines()} == {"rollout:1"}
