@@ -165,11 +165,9 @@ class ComponentPlacement:
         """Every accelerator's predicted memory (``rlinfra.placement.memory``), for the components
         that declare ``memory``; an engine that cannot hold one request is refused here."""
         self._declared = {
-            name: Declared(
-                entry.memory, ModelShape.of(read_model_config(entry.model)), self.get_world_size(name)
-            )
+            name: Declared(entry.memory, _model_shape(entry), self.get_world_size(name))
             for entry in self.config.components
-            if entry.memory is not None and entry.model is not None
+            if entry.memory is not None
             for name in entry.names
         }
         if not self._declared:

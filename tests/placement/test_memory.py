@@ -5,6 +5,7 @@ and a refusal that names the phase, the largest terms, the shortfall and the cha
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -234,6 +235,16 @@ def test_an_overfull_plan_is_refused_before_anything_starts_or_only_warned_when_
         ),
         (
             {"accelerator": "H100"},
+            {"actor": {"placement": "0", "model": "/no/such/config.json", "memory": {"role": "trainer"}}},
+            r"actor\.model: /no/such/config\.json: cannot read the model's config",
+        ),
+        (
+            {"accelerator": "H100"},
+            {"actor": {"placement": "0", "model": "PHI3", "memory": {"role": "trainer"}}},
+            r"actor\.model: model_type 'phi3': no parameter count for this architecture",
+        ),
+        (
+            {"accelerator": "H100"},
             {
                 "rollout": {
                     "placement": "0",
@@ -246,7 +257,10 @@ def test_an_overfull_plan_is_refused_before_anything_starts_or_only_warned_when_
         ),
     ],
 )
-def test_memory_mistakes_are_refused_naming_the_key(cluster, components, message):
+def test_memory_mistakes_are_refused_naming_the_key(cluster, components, message, tmp_path):
+    phi3 = tmp_path / "phi3.json"  # an architecture vLLM serves whose parameters the plan cannot count
+    phi3.write_text(json.dumps({"model_type": "phi3", "hidden_size": 64}))
+    components = json.loads(json.dumps(components).replace("PHI3", str(phi3)))
     with pytest.raises(ConfigError, match=message):
         plan(components, **cluster)
 
