@@ -1,2 +1,2 @@
 """Distributed services between workers: weights (the version barrier and its transports) and
-naming (a KV with TTLs and leases); each is imported from its own module, one door per name."""
+naming (a KV with TTLs and watches); each is imported from its own module, one door per name."""

@@ -1,5 +1,5 @@
-"""The naming service on a private one-node Ray: atomic claims, eager TTLs, watches, leases that
-survive loss, and service lifetimes across drivers (detached or not)."""
+"""The naming service on a private one-node Ray: atomic claims, eager TTLs, watches, registrations
+that survive a restart, and service lifetimes across drivers (detached or not)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 import ray
 
 from rlinfra import Cluster
-from rlinfra.services.naming import Change, LeaseExpired, NamingError, NamingService
+from rlinfra.runtime.deadline import Deadline
+from rlinfra.services.naming import Change, NamingError, NamingService
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,8 +92,8 @@ def test_basic_operations(kv: NamingService) -> None:
     assert snapshot == [Change("engine/0", "snapshot", ENGINE, first)] and current > second
     with pytest.raises(ValueError, match="None means 'absent'"):
         kv.put("engine/0", None)
-    with pytest.raises(ValueError, match="not both"):
-        kv.put("engine/0", ENGINE, ttl_s=1, lease=kv.grant_lease(1))
+    with pytest.raises(ValueError, match="ttl_s must be positive"):
+        kv.put("engine/0", ENGINE, ttl_s=0)
 
 
 def test_compare_and_set(kv: NamingService) -> None:
@@ -166,76 +167,64 @@ def test_watch_returns_on_a_change_under_its_prefix_and_otherwise_at_the_timeout
     assert 0.3 <= time.monotonic() - started < 5
 
 
-def test_a_lost_lease_is_regranted_and_its_keys_registered_again(kv: NamingService) -> None:
-    lease = kv.grant_lease(ttl_s=0.6)
-    keeper = kv.keep_alive_in_background(lease, interval_s=0.1)
-    kv.put("svc/engine-0", ENGINE, lease=lease)
-    assert kv.put_if_absent("svc/leader", "engine-0", lease=lease)
+def test_a_registered_key_is_kept_alive_and_withdrawn_at_the_end_of_its_block(kv: NamingService) -> None:
     since = kv.put("marker", 0)
-    _, changes = kv.watch("svc/", since_version=since, timeout_s=1.5)  # 2.5 TTLs: kept alive
-    assert changes == [] and keeper.error is None
-
-    keeper.stop()  # the process pauses: no more keep-alives
-    paused_at, old_id = time.monotonic(), lease.id
-    expired = collect(kv, "svc/", since, until=lambda seen: len(seen) >= 2)
-    assert {(change.key, change.kind) for change in expired} == {
-        ("svc/engine-0", "expire"),
-        ("svc/leader", "expire"),
-    }
-    assert time.monotonic() - paused_at < 0.6 + 0.5
-    rival = NamingService.lookup(kv.name)
-    assert rival.put_if_absent("svc/leader", "engine-1")  # someone else takes the claim meanwhile
-
+    with kv.registered("svc/engine-0", ENGINE, ttl_s=0.6) as held:
+        version, changes = kv.watch("svc/", since_version=since, timeout_s=10)
+        assert [(c.key, c.kind) for c in changes] == [("svc/engine-0", "put")]
+        _, changes = kv.watch("svc/", since_version=version, timeout_s=1.5)  # 2.5 TTLs: kept alive
+        assert changes == []  # refreshes move the deadline only: watchers are not woken
+        assert kv.get("svc/engine-0") == ENGINE and held.error is None
+        rival = NamingService.lookup(kv.name).registered("svc/engine-0", "10.0.0.8:1", ttl_s=1)
+        with pytest.raises(NamingError, match=r"register\('svc/engine-0'\): held by another"), rival:
+            pass
+    assert kv.list("svc/") == {}
     since = kv.put("marker", 1)
-    resumed = kv.keep_alive_in_background(lease, interval_s=0.1)  # the process resumes
-    back = collect(kv, "svc/", since, until=lambda seen: any(c.key == "svc/engine-0" for c in seen))
-    assert [(change.key, change.kind) for change in back] == [("svc/engine-0", "put")]
-    deadline = time.monotonic() + 10
-    while "svc/leader" not in str(resumed.error) and time.monotonic() < deadline:
-        time.sleep(0.02)  # the lost claim is reported right after the re-puts
-    assert lease.id != old_id and resumed.regrants == 1 and resumed.running
-    assert isinstance(resumed.error, NamingError) and "svc/leader" in str(resumed.error)
-    assert lease.keys == ["svc/engine-0"]
-    assert kv.list("svc/") == {"svc/engine-0": ENGINE, "svc/leader": "engine-1"}  # not stolen back
-
-    resumed.stop()
-    assert not resumed.running
-    assert kv.revoke_lease(lease) == 1
-    assert kv.list("svc/") == {"svc/leader": "engine-1"}
-    with pytest.raises(LeaseExpired, match="not held"):
-        kv.keep_alive(lease)
+    with kv.registered("svc/engine-0", ENGINE, ttl_s=0.6):
+        pass
+    _, changes = kv.watch("svc/", since_version=since, timeout_s=1)
+    assert [(c.key, c.kind) for c in changes] == [("svc/engine-0", "put"), ("svc/engine-0", "delete")]
 
 
-def test_leased_block_withdraws_its_keys_at_exit(kv: NamingService) -> None:
-    with kv.leased(ttl_s=2.0) as lease:
-        kv.put("engine/0", ENGINE, lease=lease)
-        assert kv.list("engine/") == {"engine/0": ENGINE}
-    assert kv.list("engine/") == {}
-    with pytest.raises(LeaseExpired, match="revoked"):
-        kv.put("engine/0", ENGINE, lease=lease)
+def test_a_stopped_holder_expires_and_a_key_taken_meanwhile_is_not_taken_back(kv: NamingService) -> None:
+    since = kv.put("marker", 0)
+    with kv.registered("svc/leader", "engine-0", ttl_s=0.6) as held:
+        held.stop.set()  # the process pauses: no more refreshes
+        paused_at = time.monotonic()
+        expired = collect(kv, "svc/", since, until=lambda seen: any(c.kind == "expire" for c in seen))
+        assert time.monotonic() - paused_at < 0.6 + 0.5
+        assert expired[-1] == Change("svc/leader", "expire", "engine-0", expired[-1].version)
+        assert kv.put_if_absent("svc/leader", "engine-1")  # someone else takes it meanwhile
+    assert kv.get("svc/leader") == "engine-1"  # the end of the block withdrew nothing of theirs
+
+    kv.put("svc/leader", "engine-0", ttl_s=5)
+    with kv.registered("svc/leader", "engine-0", ttl_s=0.6) as held:  # re-registers an own key
+        kv.put("svc/leader", "engine-2")  # overwritten by another
+        deadline = Deadline.after(10)
+        while held.error is None and not deadline.expired:
+            time.sleep(0.02)
+        assert isinstance(held.error, NamingError) and "taken by another holder" in str(held.error)
+    assert kv.get("svc/leader") == "engine-2"
 
 
-def test_a_restarted_service_gets_the_leased_keys_back(kv: NamingService) -> None:
-    lease = kv.grant_lease(ttl_s=2.0)
-    keeper = kv.keep_alive_in_background(lease, interval_s=0.2)
-    since = kv.put("engine/0", ENGINE, lease=lease)
-    kv.put("config", "lost in the restart")
-    ray.kill(ray.get_actor(kv.name, namespace=kv.namespace), no_restart=False)  # a crash
+def test_a_restarted_service_gets_the_registered_keys_back(kv: NamingService) -> None:
+    with kv.registered("engine/0", ENGINE, ttl_s=1.5) as held:
+        since = kv.put("config", "lost in the restart")
+        ray.kill(ray.get_actor(kv.name, namespace=kv.namespace), no_restart=False)  # a crash
 
-    deadline = time.monotonic() + 60
-    restored: list[Change] = []
-    while not restored:
-        assert time.monotonic() < deadline, "the keeper never re-registered engine/0"
-        try:
-            since, changes = kv.watch("engine/", since_version=since, timeout_s=5)
-        except NamingError as err:  # the store died under the watch: expected once
-            assert "died or is unreachable" in str(err)
-            continue
-        restored = [change for change in changes if change.key == "engine/0"]
-    assert restored[0].kind in ("put", "snapshot")
-    assert kv.list() == {"engine/0": ENGINE}
-    assert keeper.regrants == 1
-    keeper.stop()
+        deadline = time.monotonic() + 60
+        restored: list[Change] = []
+        while not restored:
+            assert time.monotonic() < deadline, "the keeper never re-registered engine/0"
+            try:
+                since, changes = kv.watch("engine/", since_version=since, timeout_s=5)
+            except NamingError as err:  # the store died under the watch: expected once
+                assert "died or is unreachable" in str(err)
+                continue
+            restored = [change for change in changes if change.key == "engine/0"]
+        assert restored[0].kind in ("put", "snapshot")
+        assert kv.list() == {"engine/0": ENGINE}
+        assert held.restored == 1
 
 
 def test_every_failure_is_a_naming_error_that_names_the_service_and_the_operation(
@@ -247,15 +236,12 @@ def test_every_failure_is_a_naming_error_that_names_the_service_and_the_operatio
         NamingService.lookup("absent-service")
 
     other = NamingService.lookup(kv.name)
-    lease = other.grant_lease(ttl_s=1.0)
-    keeper = other.keep_alive_in_background(lease, interval_s=0.05)
-    kv.destroy()
-    deadline = time.monotonic() + 10
-    while keeper.error is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert isinstance(keeper.error, NamingError) and kv.name in str(keeper.error)
-    assert keeper.running  # it keeps trying (the service may come back); it does not die
-    keeper.stop()
+    with other.registered("engine/0", ENGINE, ttl_s=0.3) as held:
+        kv.destroy()
+        deadline = Deadline.after(10)
+        while held.error is None and not deadline.expired:
+            time.sleep(0.02)
+        assert isinstance(held.error, NamingError) and kv.name in str(held.error)
     with pytest.raises(NamingError, match=rf"'{kv.name}'.*put\('k'\)"):
         other.put("k", 1)
     with pytest.raises(NamingError, match="destroyed"):
