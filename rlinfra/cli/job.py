@@ -1,22 +1,21 @@
-"""``rlinfra job``: submit, watch, stop and list jobs on a running Ray cluster (Ray's Jobs API).
+"""``rlinfra job submit``: a job on a running Ray cluster (Ray's Jobs API), followed to its end.
 
-The commands only wire ``rlinfra.ops.jobs`` to the terminal: job output goes to stdout,
+The command only wires ``rlinfra.ops.jobs`` to the terminal: job output goes to stdout,
 rlinfra's own notes and errors to stderr. A mistake or an unreachable cluster exits with status
 2 and one message, no traceback; ``submit`` (when it waits) exits 0 when the job SUCCEEDED and 1
-when it FAILED or was STOPPED, so scripts can chain on it.
+when it FAILED or was STOPPED, so scripts can chain on it. Status, logs, stop and list are Ray's
+own (``ray job status|logs|stop|list``): the same address, and the token where Ray looks for it.
 """
 
 from __future__ import annotations
 
 import shlex
-import time
 from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from rlinfra.cli.options import ConfigArgument, argument, option, user_errors
@@ -30,13 +29,13 @@ from rlinfra.ops.jobs import (
     parse_assignments,
     parse_requirements,
 )
-from rlinfra.views.tables import make_console
 
 JOB_FAILED = 1
 INTERRUPTED = 130
 
 job_app = typer.Typer(
-    help="Submit, follow, stop and list jobs on a running Ray cluster (Ray's Jobs API, ray\\[default]).",
+    help="Submit a job to a running Ray cluster and follow it (Ray's Jobs API, ray\\[default]); "
+    "`ray job status|logs|stop|list` do the rest.",
     no_args_is_help=True,
 )
 
@@ -55,9 +54,6 @@ FollowTimeoutOption = Annotated[
         metavar="SECONDS",
         help="Stop following the logs after SECONDS (the job keeps running). Default: until it ends.",
     ),
-]
-JobIdArgument = Annotated[
-    str, argument(metavar="ID", help="Submission id (from `job submit` or `job list`).")
 ]
 
 
@@ -134,72 +130,12 @@ def submit(
         raise typer.Exit(JOB_FAILED)
 
 
-@job_app.command("status")
-def status(job_id: JobIdArgument, address: AddressOption = None) -> None:
-    """Print the job's status (PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED) and Ray's message."""
-    with user_errors(JobsError):
-        info = JobsClient(address).info(job_id)
-    typer.echo(f"{info.id}: {info.status}" + (f" ({info.message})" if info.message else ""))
-
-
-@job_app.command("logs")
-def logs(
-    job_id: JobIdArgument,
-    address: AddressOption = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
-    timeout: FollowTimeoutOption = None,
-) -> None:
-    """Print the job's output so far, or with --follow everything until it ends."""
-    with user_errors(JobsError) as errors:
-        client = JobsClient(address)
-        if not follow:
-            typer.echo(client.logs(job_id), nl=False)
-            return
-        _follow(client, job_id, timeout, errors)
-
-
-@job_app.command("stop")
-def stop(
-    job_id: JobIdArgument,
-    address: AddressOption = None,
-    timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", help="How long to wait for the job to end.")
-    ] = 60.0,
-) -> None:
-    """Stop the job and wait until Ray reports it ended."""
-    with user_errors(JobsError):
-        client = JobsClient(address)
-        if not client.stop(job_id):
-            typer.echo(f"{job_id}: already ended ({client.status(job_id)})")
-            return
-        final = client.wait(job_id, timeout_s=timeout)
-        if final not in TERMINAL_STATUSES:
-            raise JobsError(f"{job_id} is still {final} {timeout:g} s after the stop request")
-    typer.echo(f"{job_id}: {final}")
-
-
-@job_app.command("list")
-def list_jobs(address: AddressOption = None) -> None:
-    """List the cluster's jobs, oldest first."""
-    with user_errors(JobsError):
-        jobs = JobsClient(address).list()
-    table = Table(box=None, pad_edge=False)
-    for column in ("ID", "STATUS", "STARTED", "ENTRYPOINT"):
-        table.add_column(column, overflow="fold")
-    for job in jobs:
-        started = "-"
-        if job.start_time_ms:
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time_ms / 1000))
-        table.add_row(job.id, job.status, started, job.entrypoint or "-")
-    make_console(soft_wrap=True).print(table)
-
-
 def _follow(client: JobsClient, job_id: str, timeout: float | None, errors: Console) -> str:
     """Stream the logs to stdout; a final status line on stderr. Ctrl-C detaches, it stops nothing."""
     try:
         final = client.tail(job_id, partial(print, end="", flush=True), timeout_s=timeout)
     except KeyboardInterrupt:
-        errors.print(f"\ndetached; {job_id} keeps running (rlinfra job stop {job_id} stops it)")
+        errors.print(f"\ndetached; {job_id} keeps running (ray job stop {job_id} stops it)")
         raise typer.Exit(INTERRUPTED) from None
     if final in ("PENDING", "RUNNING"):
         errors.print(f"{job_id} is still {final} after {timeout:g} s; stopped following it", style="dim")

@@ -1,4 +1,4 @@
-"""Jobs on a running Ray cluster through Ray's Jobs API: submit, status, logs, stop, list.
+"""Submitting jobs to a running Ray cluster through Ray's Jobs API, and following them to the end.
 
 A thin, typed wrapper over ``ray.job_submission.JobSubmissionClient`` (it needs ``ray[default]``,
 the ``jobs`` extra) that adds what plain Ray leaves to the caller: a deadline on every request,
@@ -21,7 +21,6 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +49,6 @@ SECRETS_HINT = (
 
 class JobsError(RuntimeError):
     """A Jobs API call that cannot be made or failed, or a job request rlinfra refuses."""
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """One job as the Jobs API reports it. ``id`` is what ``status``/``logs``/``stop`` take: the
-    submission id, else the job id (a driver that called ``ray.init`` itself was not submitted).
-    Times are Unix milliseconds."""
-
-    id: str
-    status: str
-    entrypoint: str
-    message: str
-    start_time_ms: int | None
 
 
 def refuse_secrets(env_vars: Mapping[Any, Any], where: str) -> None:
@@ -263,16 +249,8 @@ class JobsClient:
 
     def status(self, job_id: str) -> str:
         """The job's status: PENDING, RUNNING, STOPPED, SUCCEEDED or FAILED."""
-        return self.info(job_id).status
-
-    def info(self, job_id: str) -> JobInfo:
         with self._calling("read the job", job_id):
-            return _job_info(self._client.get_job_info(job_id))
-
-    def logs(self, job_id: str) -> str:
-        """Everything the job's driver has written so far (stdout and stderr)."""
-        with self._calling("read the job's logs", job_id):
-            return self._client.get_job_logs(job_id)
+            return str(self._client.get_job_status(job_id))  # Ray's JobStatus prints as its value
 
     def tail(self, job_id: str, write: Callable[[str], None], timeout_s: float | None = None) -> str:
         """Stream the job's logs to ``write`` until the job ends, or ``timeout_s`` passes; return
@@ -300,18 +278,6 @@ class JobsClient:
             time.sleep(min(poll_s, deadline.left()))
             status = self.status(job_id)
         return status
-
-    def stop(self, job_id: str) -> bool:
-        """Ask the job to stop (SIGTERM, then SIGKILL after Ray's grace period); False if it had
-        already ended."""
-        with self._calling("stop the job", job_id):
-            return bool(self._client.stop_job(job_id))
-
-    def list(self) -> list[JobInfo]:
-        """All jobs the cluster knows, oldest first."""
-        with self._calling("list the jobs"):
-            jobs = [_job_info(details) for details in self._client.list_jobs()]
-        return sorted(jobs, key=lambda job: (job.start_time_ms or 0, job.id))
 
     @contextmanager
     def _calling(self, action: str, job_id: str | None = None) -> Iterator[None]:
@@ -346,9 +312,7 @@ class JobsClient:
         except (RuntimeError, ValueError, TypeError, OSError, requests.RequestException) as error:
             text = str(error)
             if job_id is not None and ("does not exist" in text or "404" in text):
-                raise JobsError(
-                    f"no job {job_id!r} at {self.address}; `rlinfra job list` lists them"
-                ) from None
+                raise JobsError(f"no job {job_id!r} at {self.address}; `ray job list` lists them") from None
             hint = " Is it the dashboard address (http://HEAD:8265)?" if action == "connect" else ""
             raise JobsError(f"cannot {action}: {where} answered: {_first_line(error)}{hint}") from None
 
@@ -386,16 +350,6 @@ def _client_class() -> type:
             return super()._do_request(method, endpoint, **kwargs)
 
     return DeadlineJobSubmissionClient
-
-
-def _job_info(details: Any) -> JobInfo:
-    return JobInfo(
-        id=details.submission_id or details.job_id or "?",
-        status=str(details.status),  # Ray's JobStatus prints as its value
-        entrypoint=details.entrypoint or "",
-        message=details.message or "",
-        start_time_ms=details.start_time,
-    )
 
 
 def _env_value(value: Any) -> str:
