@@ -22,11 +22,12 @@ from rlinfra.placement.config import (
 from rlinfra.placement.config_access import require_int
 from rlinfra.placement.errors import PlacementError, plural
 from rlinfra.placement.node_groups import (
+    CLUSTER_GROUP,
     DEFAULT_ACCELERATOR_TYPE,
+    NODE_GROUP,
     HardwareUnit,
     NodeGroup,
     NodeSpec,
-    reserved_groups,
 )
 from rlinfra.placement.record import Placement
 from rlinfra.placement.resources import ResourcePool, build_pool
@@ -67,9 +68,9 @@ class ClusterSpec:
                 where="cluster",
                 expected=f"{len(ordered)} nodes ranked 0-{len(ordered) - 1}",
             )
-        groups = reserved_groups(len(ordered))
-        groups.update({group.label: group for group in config.node_groups})
-        return cls(ordered, groups)
+        every = tuple(range(len(ordered)))
+        reserved = [NodeGroup(CLUSTER_GROUP, every), NodeGroup(NODE_GROUP, every, ignore_hardware=True)]
+        return cls(ordered, {group.label: group for group in (*reserved, *config.node_groups)})
 
     @property
     def num_nodes(self) -> int:

@@ -4,7 +4,9 @@ Every key the section may hold is listed here, and nothing else is accepted: an 
 ``PlacementError`` naming it and the nearest valid key (``node_grups`` → ``node_groups``), so a
 typo can never be silently dropped. The records are what every layer reads afterwards — the
 cluster spec and placement (``node_groups``, ``components``), the runtime (``address``,
-``simulate*``, ``secrets``, ``env_allowlist``, ``profiling``) — so no module re-reads raw mappings.
+``simulate*``, ``secrets``, ``env_allowlist``) — so no module re-reads raw mappings. RLinf keys
+for features rlinfra does not have (``auto_scheduler`` and its settings, ``profiling``) are refused
+by name, with what to do instead.
 
     cluster:
       num_nodes: 2
@@ -18,7 +20,6 @@ cluster spec and placement (``node_groups``, ``components``), the runtime (``add
       node_timeout: 60            # seconds to wait for num_nodes nodes
       secrets: {...}              # rlinfra.placement.secret_specs
       env_allowlist: [WANDB_*]    # driver variables workers may inherit, beyond the defaults
-      profiling: {...}            # rlinfra.placement.profiling (RLinf's schema)
       accelerator: H100           # each accelerator's memory (or {memory_gib: N}), for the memory plan
       memory_check: error         # or warn: a device the memory plan overfills is only a warning
 
@@ -43,7 +44,6 @@ from rlinfra.placement.errors import PlacementError, Span, plural
 from rlinfra.placement.grammar import bounded_int, comma_parts
 from rlinfra.placement.memory import MemorySettings, parse_memory
 from rlinfra.placement.node_groups import CLUSTER_GROUP, NodeGroup, accelerator_gib, parse_node_groups
-from rlinfra.placement.profiling import ProfilingConfig
 from rlinfra.placement.restart import RestartPolicy
 from rlinfra.placement.secret_specs import SecretSpec
 
@@ -52,19 +52,33 @@ MAX_ACCELERATORS_PER_NODE = 1024
 DEFAULT_NODE_TIMEOUT_S = 60.0
 DEFAULT_SIMULATED_CPUS = 16  # logical CPUs of a simulated node when simulate_cpus is not given
 
-# RLinf's dynamic scheduler (GPUs moved between rollout and training at run time), which rlinfra
-# does not provide: with ``auto_scheduler: false`` and none of its settings, nothing is lost.
-AUTO_SCHEDULER_FIELDS = (
-    "auto_scheduler",
-    "assign_policy",
-    "use_pre_process_policy",
-    "rollout_use_all_gpus",
-    "monitor_interval",
-    "preprocess_threshold",
-    "migrate_out_max_bs",
-    "use_wait_before_last_iter_policy",
-    "fuse_rollout_inference_only",
-    "recreate_nccl_groups",
+# RLinf features rlinfra does not provide, refused by name: their keys, what is missing, and what to
+# do instead. ``auto_scheduler: false`` alone asks for nothing, so it is accepted.
+UNSUPPORTED_FEATURES = (
+    (
+        (
+            "auto_scheduler",
+            "assign_policy",
+            "use_pre_process_policy",
+            "rollout_use_all_gpus",
+            "monitor_interval",
+            "preprocess_threshold",
+            "migrate_out_max_bs",
+            "use_wait_before_last_iter_policy",
+            "fuse_rollout_inference_only",
+            "recreate_nccl_groups",
+        ),
+        "RLinf's dynamic scheduler (moving GPUs between rollout and training while the job runs) is not "
+        "part of rlinfra",
+        "a static component_placement; remove these keys (or set auto_scheduler: false alone)",
+    ),
+    (
+        ("profiling",),
+        "rlinfra does not wrap workers in a profiler (RLinf's Nsight / rocprof_sys wrapping)",
+        "no cluster.profiling; profile a running worker with py-spy (`py-spy record --pid PID`, each "
+        "rank's pid is in placement.json's processes), or start your own actors with Ray's "
+        "runtime_env={'_nsight': ...}",
+    ),
 )
 
 _UNIFORM_SPEC = re.compile(r"\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*")
@@ -112,7 +126,6 @@ class ClusterConfig:
     node_timeout: float = DEFAULT_NODE_TIMEOUT_S
     secrets: tuple[SecretSpec, ...] = ()
     env_allowlist: tuple[str, ...] = ()
-    profiling: ProfilingConfig | None = None
     accelerator_gib: float | None = None  # every node's accelerators, unless its node group says
     memory_check: Literal["error", "warn"] = "error"
 
@@ -136,7 +149,6 @@ class _Written(Section):
     node_timeout: float = Field(default=DEFAULT_NODE_TIMEOUT_S, gt=0)
     secrets: Any = None
     env_allowlist: list[str] | None = None
-    profiling: ProfilingConfig | None = None
     auto_scheduler: Literal[False] = False
     accelerator: Any = None
     memory_check: Literal["error", "warn"] = Field(
@@ -145,6 +157,8 @@ class _Written(Section):
 
 
 _SIMULATE_ONLY = ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
+# Keys taken as written (simulate_cpus, simulate_object_store_mib too); the others are parsed further.
+_COPIED = {"num_nodes", "num_gpus_per_node", "address", "node_timeout", "memory_check", *_SIMULATE_ONLY[:2]}
 
 
 def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
@@ -153,7 +167,7 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
     if isinstance(section, ClusterConfig):
         return section
     raw = as_mapping(section, where)
-    _refuse_auto_scheduler(raw, where)
+    _refuse_unsupported(raw, where)
     written = parse(_Written, raw, where, PlacementError)
     simulate = (
         None
@@ -189,25 +203,17 @@ def parse_cluster_config(section: Any, where: str = "cluster") -> ClusterConfig:
             where=f"{where}.num_gpus_per_node",
             expected="the same accelerator count on every simulated node, or no num_gpus_per_node",
         )
+    num_nodes = written.num_nodes
     return ClusterConfig(
-        num_nodes=written.num_nodes,
-        num_gpus_per_node=written.num_gpus_per_node,
-        components=parse_components(
-            written.component_placement, written.num_nodes, f"{where}.component_placement"
-        ),
-        node_groups=parse_node_groups(written.node_groups, written.num_nodes, f"{where}.node_groups"),
-        address=written.address,
+        **written.model_dump(include=_COPIED),
+        components=parse_components(written.component_placement, num_nodes, f"{where}.component_placement"),
+        node_groups=parse_node_groups(written.node_groups, num_nodes, f"{where}.node_groups"),
         simulate=simulate,
-        simulate_cpus=written.simulate_cpus,
-        simulate_object_store_mib=written.simulate_object_store_mib,
         simulate_resources=_per_node(written.simulate_resources),
         simulate_labels=_per_node(written.simulate_labels),
-        node_timeout=written.node_timeout,
         secrets=parse_secret_specs(written.secrets, f"{where}.secrets"),
         env_allowlist=tuple(written.env_allowlist or ()),
-        profiling=written.profiling,
         accelerator_gib=accelerator_gib(written.accelerator, f"{where}.accelerator"),
-        memory_check=written.memory_check,
     )
 
 
@@ -398,15 +404,11 @@ def _per_node(values: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]
     return None if values is None else tuple(values)
 
 
-def _refuse_auto_scheduler(raw: Mapping[str, Any], where: str) -> None:
-    """RLinf's ``auto_scheduler`` settings: ``auto_scheduler: false`` alone is what rlinfra does
-    anyway; anything else asks for a scheduler rlinfra does not have, so it is refused by name."""
-    given = [key for key in AUTO_SCHEDULER_FIELDS if key in raw]
-    if not given or (given == ["auto_scheduler"] and raw["auto_scheduler"] is False):
-        return
-    raise PlacementError(
-        f"{', '.join(given)}: RLinf's dynamic scheduler (moving GPUs between rollout and training "
-        "while the job runs) is not part of rlinfra",
-        where=f"{where}.{given[0]}",
-        expected="a static component_placement; remove these keys (or set auto_scheduler: false alone)",
-    )
+def _refuse_unsupported(raw: Mapping[str, Any], where: str) -> None:
+    """RLinf's keys for features rlinfra does not have (``UNSUPPORTED_FEATURES``), refused by name."""
+    for keys, problem, expected in UNSUPPORTED_FEATURES:
+        given = [key for key in keys if key in raw]
+        if given and (given != ["auto_scheduler"] or raw["auto_scheduler"] is not False):
+            raise PlacementError(
+                f"{', '.join(given)}: {problem}", where=f"{where}.{given[0]}", expected=expected
+            )

@@ -58,12 +58,8 @@ def require_list(value: Any, where: str, expected: str) -> list[Any]:
 
 def absolute_path(value: Any, where: str, expected: str) -> str | None:
     """A path read on other machines (the nodes), where a relative one would name another file."""
-    return None if value is None else refuse_relative(require_str(value, where), where, expected)
-
-
-def refuse_relative(path: str, where: str | None, expected: str) -> str:
-    """``path`` if it is absolute (each node would read a relative one against another directory)."""
-    if not posixpath.isabs(path):
+    path = None if value is None else require_str(value, where)
+    if path is not None and not posixpath.isabs(path):
         raise PlacementError(
             f"the path {path!r} is relative",
             where=where,

@@ -24,12 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field
+
+from rlinfra.config import Section, parse
 from rlinfra.placement.config_access import (
     absolute_path,
     as_mapping,
     as_section,
     parse_rank_list,
-    require_bool,
     require_int,
     require_list,
     require_str,
@@ -45,15 +47,6 @@ RESERVED_GROUPS = (CLUSTER_GROUP, NODE_GROUP)
 NODE_KIND = "node"  # the resource kind of a whole node
 DEFAULT_ACCELERATOR_TYPE = "GPU"
 
-_GROUP_FIELDS = (
-    "label",
-    "node_ranks",
-    "hardware",
-    "env_configs",
-    "ignore_hardware",
-    "constraints",
-    "accelerator",
-)
 # nvidia-smi's total memory of known accelerators, in GiB (MiB / 1024): the memory plan's devices.
 ACCELERATOR_GIB = {
     "A10": 22.49,
@@ -126,15 +119,6 @@ class NodeGroup:
         return None
 
 
-def reserved_groups(num_nodes: int) -> dict[str, NodeGroup]:
-    """The two groups every cluster has: ``cluster`` (accelerators) and ``node`` (whole nodes)."""
-    every = tuple(range(num_nodes))
-    return {
-        CLUSTER_GROUP: NodeGroup(CLUSTER_GROUP, every),
-        NODE_GROUP: NodeGroup(NODE_GROUP, every, ignore_hardware=True),
-    }
-
-
 def parse_node_groups(raw: Any, num_nodes: int, where: str = "cluster.node_groups") -> tuple[NodeGroup, ...]:
     """``cluster.node_groups`` as records, every field checked; labels unique and not reserved,
     and no node's unit of one hardware type in two groups (two processes could drive it)."""
@@ -180,31 +164,36 @@ def _label_text(value: Any, where: str) -> str:
     return label
 
 
+class _Group(Section):
+    """One ``node_groups`` entry as written; what other functions parse is passed on."""
+
+    label: Any = None
+    node_ranks: Any = Field(description="such as '0-1' or 'all'")
+    hardware: Any = None
+    env_configs: Any = None
+    ignore_hardware: bool = Field(default=False, strict=True)
+    constraints: Any = None
+    accelerator: Any = None
+
+
 def _parse_group(raw: Any, where: str, num_nodes: int) -> NodeGroup:
-    section = as_section(raw, _GROUP_FIELDS, where)
-    label = _label_text(section.get("label"), f"{where}.label")
-    if "node_ranks" not in section:
-        raise PlacementError(
-            "missing 'node_ranks'", where=where, expected="node_ranks such as '0-1' or 'all'"
-        )
-    node_ranks = tuple(sorted(parse_rank_list(section["node_ranks"], f"{where}.node_ranks", num_nodes)))
-    ignore_hardware = require_bool(section.get("ignore_hardware", False), f"{where}.ignore_hardware")
-    if ignore_hardware and section.get("hardware") is not None:
+    group = parse(_Group, as_mapping(raw, where), where, PlacementError)
+    label = _label_text(group.label, f"{where}.label")
+    node_ranks = tuple(sorted(parse_rank_list(group.node_ranks, f"{where}.node_ranks", num_nodes)))
+    if group.ignore_hardware and group.hardware is not None:
         raise PlacementError(
             "a node group with ignore_hardware: true cannot declare hardware",
             where=f"{where}.hardware",
             expected="either hardware or ignore_hardware: true",
         )
-    hardware_type, hardware = _parse_hardware(section.get("hardware"), f"{where}.hardware", node_ranks)
-    env_configs = _parse_env_configs(
-        section.get("env_configs"), f"{where}.env_configs", node_ranks, num_nodes
-    )
-    constraints = parse_constraints(
-        section.get("constraints"), f"{where}.constraints", num_nodes, allow_nodes=False
-    )
-    accelerator = accelerator_gib(section.get("accelerator"), f"{where}.accelerator")
     return NodeGroup(
-        label, node_ranks, hardware_type, hardware, env_configs, ignore_hardware, constraints, accelerator
+        label,
+        node_ranks,
+        *_parse_hardware(group.hardware, f"{where}.hardware", node_ranks),
+        _parse_env_configs(group.env_configs, f"{where}.env_configs", node_ranks, num_nodes),
+        group.ignore_hardware,
+        parse_constraints(group.constraints, f"{where}.constraints", num_nodes, allow_nodes=False),
+        accelerator_gib(group.accelerator, f"{where}.accelerator"),
     )
 
 

@@ -87,14 +87,12 @@ class TestUnknownKeys:
             node_timeout=5,
             secrets={"HF_TOKEN": {"from_env": "HF_TOKEN"}},
             env_allowlist=["WANDB_*"],
-            profiling={"backend": "nsight", "worker_groups": ["a"]},
         )
         assert config.simulate == (2, 2) and config.simulate_cpus == 8
         assert config.simulate_resources == ({"nvlink_domain_0": 2}, {})
         assert config.components[0].names == ("a",) and config.components[0].num_cpus == 2.0
         assert [spec.name for spec in config.secrets] == ["HF_TOKEN"]
         assert config.env_allowlist == ("WANDB_*",)
-        assert config.profiling is not None and config.profiling.backend == "nsight"
 
     def test_an_unwritten_simulate_size_stays_unset(self) -> None:
         """So that a written one (even the default's value) can be refused where it cannot be honoured."""
@@ -252,10 +250,7 @@ REFUSED_CONFIGS = {
         "cluster:\n  num_nodes: 1\n  component_placement: {a: '0'}\n  node_groups:\n"
         "    - {label: g, node_ranks: 0, env_configs: [{python_interpreter_path: bin/python}]}\n"
     ),
-    "steps": (
-        "cluster:\n  num_nodes: 1\n  component_placement: {a: '0'}\n"
-        "  profiling: {backend: nsight, steps: [1]}\n"
-    ),
+    "profiling": "cluster:\n  num_nodes: 1\n  component_placement: {a: '0'}\n  profiling: {backend: x}\n",
     "num_cpus": "cluster:\n  num_nodes: 1\n  component_placement: {a: {placement: '0', num_cpus: -2}}\n",
 }
 
@@ -295,3 +290,11 @@ class TestRlinfClusterKeys:
         assert error.problem.startswith("auto_scheduler, assign_policy: RLinf's dynamic scheduler")
         assert parsed(auto_scheduler=False).num_nodes == 2  # what rlinfra does anyway
         assert "monitor_interval" in refused(auto_scheduler=False, monitor_interval=1).problem
+
+    def test_profiling_is_refused_by_name_with_what_to_do_instead(self) -> None:
+        error = refused(profiling={"backend": "nsight", "worker_groups": "all"})
+        assert error.where == "cluster.profiling"
+        assert "rlinfra does not wrap workers in a profiler" in error.problem
+        assert (
+            error.expected is not None and "py-spy" in error.expected and "placement.json" in error.expected
+        )

@@ -1,10 +1,8 @@
-"""``python_interpreter_path`` and ``cluster.profiling``: parsing (pure), the commands, the node
-check, and real workers on a simulated two-node Ray started under a marked interpreter and under a
-stand-in ``nsys`` (a test double for the external profiler, not for Ray)."""
+"""``python_interpreter_path``: the runtime_env, the node check, and real workers on a simulated
+two-node Ray started under a marked interpreter."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -18,37 +16,9 @@ import ray
 
 from rlinfra import Cluster, ComponentPlacement, Worker, WorkerGroupError
 from rlinfra.placement import ClusterSpec, PlacementError
-from rlinfra.placement.config import parse_cluster_config
-from rlinfra.placement.profiling import ProfilingConfig, parse_profiling
-from rlinfra.runtime.executable import WorkerExecutable, probe_command, worker_executable, worker_runtime_env
+from rlinfra.runtime.executable import WorkerExecutable, worker_executable
 
 MARK = "RLINFRA_INTERPRETER_MARK"
-NSIGHT_OPTIONS = {"t": "cuda,nvtx", "capture-range": "cudaProfilerApi", "stop-on-exit": True}
-
-# The stand-in for nsys: records its arguments under its pid (the worker's, as it execs), then
-# runs the application after `profile` and its options, as nsys would.
-NSYS_STUB = """#!{python}
-import json, os, sys
-args = sys.argv[1:]
-with open(os.path.join({records!r}, f"{{os.getpid()}}.json"), "w") as out:
-    json.dump(args, out)
-rest = args[1:]
-while rest and rest[0].startswith("-"):
-    rest = rest[1:] if rest[0].startswith("--") else rest[2:]
-os.execv(rest[0], rest)
-"""
-
-# The stand-in for ROCm Systems Profiler's Python module: `python -m rocprofsys <args> -- SCRIPT ...`.
-ROCPROFSYS_STUB = """import json, os, runpy, sys
-split = sys.argv.index("--")
-with open(os.path.join({records!r}, "rocprofsys.json"), "w") as out:
-    seen = {{"args": sys.argv[1:split], "freq": os.environ.get("ROCPROFSYS_FREQ")}}
-    seen["path"] = os.environ["ROCPROFSYS_OUTPUT_PATH"]
-    seen["prefix"] = os.environ["ROCPROFSYS_OUTPUT_PREFIX"]
-    json.dump(seen, out)
-sys.argv = sys.argv[split + 1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 @dataclass(frozen=True)
@@ -57,9 +27,6 @@ class Paths:
     missing: Path
     not_executable: Path
     without_ray: Path  # this Python without site-packages: no Ray
-    bin: Path  # holds the stand-in nsys
-    records: Path  # what the stand-in nsys saw, one file per process
-    profiles: Path
 
 
 def executable_file(path: Path, text: str) -> Path:
@@ -71,11 +38,6 @@ def executable_file(path: Path, text: str) -> Path:
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> Paths:
     root = tmp_path_factory.mktemp("executables")
-    for directory in ("bin", "records"):
-        (root / directory).mkdir()
-    executable_file(
-        root / "bin" / "nsys", NSYS_STUB.format(python=sys.executable, records=str(root / "records"))
-    )
     not_executable = root / "python-without-x-bit"
     not_executable.write_text("#!/bin/sh\n")
     return Paths(
@@ -87,9 +49,6 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> Paths:
         without_ray=executable_file(
             root / "python-without-ray", f'#!/bin/sh\nexec {sys.executable} -S "$@"\n'
         ),
-        bin=root / "bin",
-        records=root / "records",
-        profiles=root / "profiles",
     )
 
 
@@ -117,31 +76,17 @@ def cfg(paths: Paths) -> dict:
             "component_placement": {
                 "plain": {"node_group": "node", "placement": "0-1"},
                 "marked": {"node_group": "marked", "placement": "0"},
-                "profiled": {"node_group": "node", "placement": "0-1"},
-                "both": {"node_group": "marked", "placement": "0"},
                 "missing": {"node_group": "missing", "placement": "0"},
                 "not_executable": {"node_group": "not_executable", "placement": "0"},
                 "without_ray": {"node_group": "without_ray", "placement": "0"},
-            },
-            "profiling": {
-                "backend": "nsight",
-                "worker_groups": "profiled,Both",  # RLinf matches names in any case
-                "output_dir": str(paths.profiles),
-                "options": NSIGHT_OPTIONS,
-                "flags": ["stats"],
             },
         }
     }
 
 
 @pytest.fixture(scope="module")
-def cluster(cfg: dict, paths: Paths) -> Iterator[Cluster]:
-    # Ray runs `exec <py_executable> ...` in the environment its raylets were started with, so the
-    # stand-in profiler goes on the PATH before the cluster starts (as nsys is on a real node's).
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PATH", f"{paths.bin}{os.pathsep}{os.environ['PATH']}")
-        live = Cluster(cluster_cfg=cfg["cluster"])
-    with live:
+def cluster(cfg: dict) -> Iterator[Cluster]:
+    with Cluster(cluster_cfg=cfg["cluster"]) as live:
         yield live
 
 
@@ -225,107 +170,6 @@ def test_a_relative_interpreter_path_is_refused_at_parse_time() -> None:
     assert "env_configs[0].python_interpreter_path" in str(caught.value)
 
 
-# --- profiling, live ---------------------------------------------------------------------------
-
-
-def recorded_args(paths: Paths, pid: int) -> list[str] | None:
-    record = paths.records / f"{pid}.json"
-    return json.loads(record.read_text()) if record.exists() else None
-
-
-def nsys_prefix(paths: Paths, group: str, rank: int) -> list[str]:
-    return [
-        "profile",
-        "--stats",
-        "-t",
-        "cuda,nvtx",
-        "--capture-range=cudaProfilerApi",
-        "--stop-on-exit=true",
-        "-o",
-        f"{paths.profiles}/{group}_{rank}_%p",
-    ]
-
-
-def test_the_profiler_wraps_only_the_matching_groups(
-    cluster: Cluster, placement: ComponentPlacement, paths: Paths
-) -> None:
-    profiled = facts_of(cluster, placement, "profiled")
-    plain = facts_of(cluster, placement, "plain")
-    for rank, facts in enumerate(profiled):
-        args = recorded_args(paths, facts["pid"])
-        assert args is not None, f"profiled rank {rank} did not run under nsys"
-        assert args[:8] == nsys_prefix(paths, "profiled", rank)
-        assert args[8] == sys.executable  # the interpreter Ray's workers use on that node
-        assert args[9].endswith("default_worker.py")  # then Ray's own worker command
-    assert [recorded_args(paths, facts["pid"]) for facts in plain] == [None, None]
-    assert paths.profiles.is_dir()  # created on the node by the check, for nsys to write into
-
-
-def test_the_profiler_wraps_the_node_groups_interpreter(
-    cluster: Cluster, placement: ComponentPlacement, paths: Paths
-) -> None:
-    (facts,) = facts_of(cluster, placement, "both")
-    args = recorded_args(paths, facts["pid"])
-    assert args is not None and args[:8] == nsys_prefix(paths, "both", 0)
-    assert args[8] == str(paths.marked) and facts["mark"] == "1"
-    assert list(facts["runtime_env"]) == ["py_executable"]
-
-
-# --- the node check without a cluster ------------------------------------------------------------
-
-
-def nsight(**fields: object) -> ProfilingConfig:
-    config = parse_profiling({"backend": "nsight", "worker_groups": "all", **fields})
-    assert config is not None
-    return config
-
-
-def test_the_check_names_a_profiler_missing_from_the_path(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys there
-    result = probe_command(WorkerExecutable(3, None, nsight(output_dir=str(tmp_path))))
-    assert result.problem == (
-        "'nsys' (nsight profiler) is not on the PATH of node 3 (the PATH its Ray node was started with)"
-    )
-
-
-def test_the_check_reports_a_profiler_that_refuses_its_options(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    executable_file(tmp_path / "nsys", "#!/bin/sh\necho 'unrecognised option --bogus' >&2\nexit 1\n")
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    result = probe_command(WorkerExecutable(0, None, nsight(flags="bogus", output_dir=str(tmp_path))))
-    assert result.problem is not None
-    assert "failed on node 0 (exit status 1): unrecognised option --bogus" in result.problem
-    assert result.python == sys.executable
-
-
-def test_rocprof_sys_runs_the_interpreter_with_its_module(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    package = tmp_path / "site" / "rocprofsys"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "__main__.py").write_text(ROCPROFSYS_STUB.format(records=str(tmp_path)))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
-    config = parse_profiling(
-        {
-            "backend": "rocprof_sys",
-            "worker_groups": ["env"],
-            "output_dir": str(tmp_path / "out"),
-            "args": {"F": True, "trace-c": "false"},
-            "env": {"ROCPROFSYS_FREQ": 100},
-        }
-    )
-    result = probe_command(WorkerExecutable(0, sys.executable, config))
-    assert result.problem is None
-    seen = json.loads((tmp_path / "rocprofsys.json").read_text())
-    assert seen["args"] == ["-F", "true", "--trace-c=false"] and seen["freq"] == "100"
-    assert seen["prefix"] == "probe_%p" and seen["path"] != str(tmp_path / "out")  # the probe's own
-    assert (tmp_path / "out").is_dir()
-
-
 # --- the runtime_env of one worker (pure) --------------------------------------------------------
 
 
@@ -339,93 +183,9 @@ def test_runtime_env_is_none_unless_something_applies_and_holds_only_py_executab
     }
     spec = ClusterSpec.from_config(cfg["cluster"], 1)
     placement = ComponentPlacement(cfg, spec)
-    profiling = nsight(worker_groups="actor", output_dir="/p")
     (env,) = placement.get_strategy("env").get_placement(spec)
+    executable = worker_executable(env, spec)
+    assert executable == WorkerExecutable(1, "/opt/my venv/bin/python")
+    assert executable.command == "'/opt/my venv/bin/python'"  # quoted: Ray pastes it into a shell line
     actor = placement.get_strategy("actor").get_placement(spec)
-    assert worker_executable(env, spec, "env", None) == WorkerExecutable(1, "/opt/my venv/bin/python", None)
-    assert worker_runtime_env(env, worker_executable(env, spec, "env", None), "env", "/node/python") == {
-        "py_executable": "'/opt/my venv/bin/python'"  # quoted: Ray pastes it into a shell line
-    }
-    assert worker_executable(actor[0], spec, "actor", None) is None
-    wrapped = worker_runtime_env(
-        actor[1], worker_executable(actor[1], spec, "actor", profiling), "actor", "/n/py"
-    )
-    assert wrapped == {"py_executable": "nsys profile -o /p/actor_1_%p /n/py"}
-
-
-# --- parsing cluster.profiling (pure) ------------------------------------------------------------
-
-
-def test_absent_profiling_is_none_and_a_parsed_one_passes_through() -> None:
-    assert parse_profiling(None) is None
-    config = nsight()
-    assert parse_profiling(config) is config
-
-
-def test_worker_groups_forms_and_matching() -> None:
-    assert nsight(worker_groups="actor, rollout").worker_groups == ("actor", "rollout")
-    assert nsight(worker_groups=["Actor"]).profiles("actor")
-    assert nsight(worker_groups="ALL").profiles("anything")
-    assert not nsight(worker_groups=None).profiles("actor")  # RLinf's schema: null profiles none
-    assert not nsight(worker_groups="all", enabled=False).profiles("actor")
-    assert not nsight(worker_groups="actor").profiles("rollout")
-
-
-def test_nsight_command_and_report_names() -> None:
-    config = nsight(output_dir="/out", options={"t": "cuda", "cuda-memory-usage": True}, flags="stats")
-    assert config.report_prefix("my group/a", 3) == "/out/my_group_a_3_%p"
-    assert config.wrap("/py", "/out/x") == (
-        "nsys", "profile", "--stats", "-t", "cuda", "--cuda-memory-usage=true", "-o", "/out/x", "/py",
-    )  # fmt: skip
-    assert nsight().output_dir == "/tmp/rlinfra-profiles"
-
-
-@pytest.mark.parametrize(
-    ("section", "where", "words"),
-    [
-        (
-            {"backend": "nsight", "optoins": {}},
-            "cluster.profiling",
-            "unknown key 'optoins'; did you mean 'options'",
-        ),
-        ({"backend": "nsight", "args": {}}, "cluster.profiling", "unknown key 'args'"),
-        ({"backend": "rocprof_sys", "flags": "x"}, "cluster.profiling", "unknown key 'flags'"),
-        ({"backend": "nsys"}, "cluster.profiling.backend", "unknown profiling backend 'nsys'"),
-        ({"worker_groups": "actor"}, "cluster.profiling", "missing 'backend'"),
-        ({"backend": "nsight", "steps": [1, 2]}, "cluster.profiling.steps", "steps cannot be honoured"),
-        ({"backend": "nsight", "enabled": "yes"}, "cluster.profiling.enabled", "expected true or false"),
-        ({"backend": "nsight", "output_dir": "profiles"}, "cluster.profiling.output_dir", "is relative"),
-        ({"backend": "nsight", "worker_groups": 7}, "cluster.profiling.worker_groups", "worker group names"),
-        ({"backend": "nsight", "options": {"o": "/x"}}, "cluster.profiling.options.o", "cannot be honoured"),
-        ({"backend": "nsight", "options": {"--t": "cuda"}}, "cluster.profiling.options", "bad name '--t'"),
-        ({"backend": "nsight", "options": {"t": ["a"]}}, "cluster.profiling.options.t", "no scalar value"),
-        (
-            {"backend": "nsight", "options": {"t": "x"}, "flags": "t"},
-            "cluster.profiling.flags",
-            "both a flag",
-        ),
-        ({"backend": "nsight", "flags": [1]}, "cluster.profiling.flags[0]", "bad flag 1"),
-        (
-            {"backend": "rocprof_sys", "env": {"ROCPROFSYS_OUTPUT_PATH": "/x"}},
-            "cluster.profiling.env.ROCPROFSYS_OUTPUT_PATH",
-            "cannot be honoured",
-        ),
-        (
-            {"backend": "rocprof_sys", "env": {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz"}},
-            "cluster.profiling.env",
-            "looks like a credential",
-        ),
-    ],
-)
-def test_refusals_name_the_key(section: dict, where: str, words: str) -> None:
-    with pytest.raises(PlacementError) as caught:
-        parse_profiling(section)
-    assert caught.value.where == where
-    assert words in caught.value.problem
-
-
-def test_the_cluster_parser_refuses_a_bad_profiling_section() -> None:
-    with pytest.raises(PlacementError, match="unknown profiling backend 'rocprof'"):
-        parse_cluster_config({"num_nodes": 1, "profiling": {"backend": "rocprof"}})
-    config = parse_cluster_config({"num_nodes": 1, "profiling": {"backend": "nsight", "worker_groups": "a"}})
-    assert config.profiling == nsight(worker_groups="a")
+    assert [worker_executable(p, spec) for p in actor] == [None, None]
