@@ -32,6 +32,7 @@ class FailedRank:
     node_rank: int | None
     reason: str
     kind: str = "failed"  # or "stuck", "lost", "unreplaceable"
+    detail: str = ""  # what Ray said, verbatim, where the reason says it shorter (a death's cause)
 
 
 def failed_ranks(error: BaseException) -> list[FailedRank]:
@@ -44,7 +45,8 @@ def failed_ranks(error: BaseException) -> list[FailedRank]:
         return failed_ranks(error.cause)
     if isinstance(error, WorkerGroupError):
         return [
-            FailedRank(error.group, f.rank, f.node_rank, f.reason, f.kind) for f in error.failures.values()
+            FailedRank(error.group, f.rank, f.node_rank, f.reason, f.kind, f.detail)
+            for f in error.failures.values()
         ]
     cause = error.__cause__
     return failed_ranks(cause) if cause is not None else []

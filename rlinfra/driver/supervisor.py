@@ -79,15 +79,15 @@ class Supervisor:
         gone = self._gone(cause)
         if not gone:
             raise cause
-        recovery = Recovery(str(cause).partition("\n")[0] or type(cause).__name__)
+        recovery, fault = Recovery(str(cause).partition("\n")[0] or type(cause).__name__), cause
         with self._restaged(abandon=True) as changed:
             while gone:
                 for name, ranks in gone.items():
                     changed.setdefault(name, set()).update(ranks)
                 try:
-                    self._bring_back(gone, recovery)
+                    self._bring_back(gone, recovery, fault)
                 except (WorkerGroupError, WeightSyncError) as second:
-                    gone = self._gone(second)  # who died meanwhile; nobody: the error stands
+                    gone, fault = self._gone(second), second  # who died meanwhile; nobody: it stands
                     if not gone:
                         raise
                     continue
@@ -105,13 +105,18 @@ class Supervisor:
         gone = {group.name: group.gone_ranks() for group in self.groups}
         return {name: ranks for name, ranks in gone.items() if ranks}
 
-    def _bring_back(self, gone: dict[str, list[int]], recovery: Recovery) -> None:
-        """Replace (or, in a shrinkable group, drop when unreplaceable) the gone ranks, and admit
-        replaced weight receivers at the committed version."""
+    def _bring_back(self, gone: dict[str, list[int]], recovery: Recovery, fault: BaseException) -> None:
+        """Replace (or, in a shrinkable group, drop when unreplaceable) the gone ranks, each for
+        the reason ``fault`` gives it (how its process died), and admit replaced weight receivers
+        at the committed version."""
+        said = fault.cause if isinstance(fault, WeightSyncError) else fault
+        error = said if isinstance(said, WorkerGroupError) else None
+        reasons = {(error.group, rank): f.reason for rank, f in error.failures.items()} if error else {}
         for group in self.groups:
             for rank in gone.get(group.name, []):
                 try:
-                    recovery.restarts.append(group.replace(rank, reason=recovery.cause))
+                    reason = reasons.get((group.name, rank), recovery.cause)
+                    recovery.restarts.append(group.replace(rank, reason=reason))
                 except UnreplaceableError:
                     if group not in self.shrinkable or len(group.ranks) <= 1:
                         raise

@@ -9,18 +9,23 @@ rank, its node and the remote traceback, with the results of the ranks that did 
 
 from __future__ import annotations
 
+import glob
 import itertools
+import os
 import re
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, OutOfMemoryError, RayActorError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
+from rlinfra.runtime.hosting import EXIT_NOTE
 from rlinfra.runtime.watchdog import StuckWatch
 
 if TYPE_CHECKING:
@@ -38,6 +43,13 @@ DEFAULT = Default()
 # 15 s with Ray's defaults); an unreachable worker waits this long for that verdict.
 NODE_VERDICT_S = 3.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+DIED = "the worker process died"
+DEATH_LOOKUP_S = 5.0  # how long the dead ranks' logs are read for their causes
+_PID = re.compile(r"\bpid[:=] ?(\d+)")  # ActorDiedError: "pid: 4242"; OutOfMemoryError: "pid=4242"
+_SIGNAL_REPORT = re.compile(r"\*\*\* (SIG[A-Z]+) received")  # Ray's fatal-signal handler, on stderr
+# Ray's memory monitor: OutOfMemoryError for the call it cut short; for calls sent after, an
+# ActorDiedError of exit type NODE_OUT_OF_MEMORY ("... killed due to the node running low on memory").
+_OOM_MARKERS = ("NODE_OUT_OF_MEMORY", "running low on memory")
 
 
 def rank_failure(rank: int, node_rank: int | None, error: BaseException) -> RankFailure:
@@ -50,12 +62,39 @@ def rank_failure(rank: int, node_rank: int | None, error: BaseException) -> Rank
         return RankFailure(rank, node_rank, reason, text)
     if isinstance(error, ActorUnavailableError):
         return RankFailure(rank, node_rank, "the worker became unreachable", text, gone=True)
-    if isinstance(error, RayActorError):
-        if "creation task" in text:
-            last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
-            return RankFailure(rank, node_rank, f"the worker's constructor raised {last.strip()}", text)
-        return RankFailure(rank, node_rank, "the worker process died", text, gone=True)
+    if isinstance(error, RayActorError) and "creation task" in text:
+        last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+        return RankFailure(rank, node_rank, f"the worker's constructor raised {last.strip()}", text)
+    if isinstance(error, (RayActorError, OutOfMemoryError)):  # named by GroupCall._name_deaths
+        pid = _PID.search(text)
+        return RankFailure(rank, node_rank, DIED, gone=True, pid=int(pid[1]) if pid else None, detail=text)
     return RankFailure(rank, node_rank, f"{type(error).__name__}: {text}".splitlines()[0])
+
+
+def last_words(pid: int) -> str:
+    """The end of process ``pid``'s stderr log (``worker-*-<pid>.err``) on this node: run as a
+    task there. Ray's fatal-signal handler and ``os._exit`` (``hosting.EXIT_NOTE``) write there."""
+    context = ray.get_runtime_context()
+    logs = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+    for path in glob.glob(os.path.join(logs, f"worker-*-{pid}.err")):
+        with open(path, "rb") as log:
+            log.seek(max(0, os.path.getsize(path) - 16384))
+            return log.read().decode(errors="replace")
+    return ""
+
+
+def death_cause(ray_text: str, log_tail: str) -> tuple[str, str]:
+    """Why a worker process died, and its crash report, from what Ray said and the end of its
+    stderr log. Ray knows only that the worker's connection closed ("Worker exit type:
+    SYSTEM_ERROR ... End of file") unless its memory monitor killed it: raylets ignore SIGCHLD,
+    so no exit status is kept anywhere."""
+    if any(marker in ray_text for marker in _OOM_MARKERS):
+        return "killed by Ray's memory monitor (OOM)", ""
+    if report := _SIGNAL_REPORT.search(log_tail):
+        return f"killed by signal {signal.Signals[report[1]].value} ({report[1]})", log_tail[report.start() :]
+    if codes := re.findall(re.escape(EXIT_NOTE) + r"(-?\d+)", log_tail):
+        return f"exited with code {codes[-1]}", ""
+    return "presumably killed by signal 9 (SIGKILL): no exit code, no crash report", ""
 
 
 @dataclass(eq=False, repr=False)
@@ -118,6 +157,7 @@ class GroupCall:
             pending = []
         if failures:
             still_running = self._blame_lost_nodes(failures, [self._rank_of[ref] for ref in pending])
+            self._name_deaths(failures)
             raise WorkerGroupError(self.group_name, self.action, failures, results, still_running)
         ordered = [results[rank] for rank in self.ranks]
         return self.gather(ordered) if self.gather else ordered
@@ -171,8 +211,27 @@ class GroupCall:
             node = self.group.node_rank_of(rank)
             if node in dead:
                 trace = failures[rank].traceback if rank in failures else ""
-                failures[rank] = RankFailure(rank, node, f"its node {node} was lost", trace, gone=True)
+                reason = f"its node {node} was lost during {self.action}"
+                failures[rank] = RankFailure(rank, node, reason, trace, gone=True)
         return [rank for rank in pending if self.group.node_rank_of(rank) not in dead]
+
+    def _name_deaths(self, failures: dict[int, RankFailure]) -> None:
+        """Name each dead process's pid, method and cause (``death_cause``), its log read on its
+        node within ``DEATH_LOOKUP_S``; Ray's own text stays on the failure's ``detail``."""
+        died = {rank: failure for rank, failure in failures.items() if failure.reason == DIED}
+        if not died:
+            return
+        read, refs, nodes = ray.remote(num_cpus=0, max_retries=0)(last_words), {}, self.group.cluster.nodes
+        for rank, failure in died.items():
+            if failure.pid is not None and failure.node_rank is not None:
+                node = NodeAffinitySchedulingStrategy(nodes[failure.node_rank].node_id, soft=False)
+                refs[read.options(scheduling_strategy=node).remote(failure.pid)] = rank
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=DEATH_LOOKUP_S)  # late: ends soon
+        words = {refs[ref]: ray.get(ref) for ref in ready if not _raised(ref)}
+        for rank, failure in died.items():
+            cause, report = death_cause(failure.detail, words.get(rank, ""))
+            reason = f"{DIED} (pid {failure.pid}, in {self.action}): {cause}"
+            failures[rank] = replace(failure, reason=reason, traceback=report)
 
     def __repr__(self) -> str:
         return f"GroupCall({self.group_name}.{self.action}, ranks={len(self.ranks)})"

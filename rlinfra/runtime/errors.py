@@ -26,6 +26,8 @@ class RankFailure:
     traceback: str = ""
     kind: str = FAILED
     gone: bool = False
+    pid: int | None = None  # of the process that failed, where Ray says it
+    detail: str = ""  # what Ray said, verbatim, where the reason says it shorter (for the report)
 
 
 class WorkerGroupError(RuntimeError):

@@ -156,7 +156,7 @@ class WorkerGroup:
         envs = [component_envs.of(placement) for placement in self.placements]
         try:
             self._secrets = publish_secrets(cluster.config.secrets)
-            # python_interpreter_path and profiling: each command checked on its node before
+            # python_interpreter_path: each interpreter checked on its node before
             # anything is reserved (a bad interpreter would otherwise be retried by Ray forever).
             runtime_envs = worker_runtime_envs(cluster, self.name, self.placements)
             if layout is None:
@@ -353,7 +353,9 @@ class WorkerGroup:
         if self.call_guard is not None:
             self.call_guard(name, chosen)
         calls = zip(chosen, per_rank if per_rank is not None else [args] * len(chosen), strict=True)
-        refs = [getattr(self.actors[rank], name).remote(*call, **(kwargs or {})) for rank, call in calls]
+        # The task's name is its process's title while it runs: ps shows ray::rollout:1.collect
+        named = [(getattr(self.actors[r], name), f"{self.name}:{r}.{name}", call) for r, call in calls]
+        refs = [method.options(name=title).remote(*call, **(kwargs or {})) for method, title, call in named]
         timeout = self.call_timeout if timeout is None else timeout
         return GroupCall(self, action or name, refs, chosen, timeout, gather, label)
 

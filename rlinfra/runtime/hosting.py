@@ -17,7 +17,7 @@ import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import ray
 
@@ -28,6 +28,7 @@ from rlinfra.runtime.progress import WATCH_GROUP
 from rlinfra.runtime.secrets import receive_secrets
 
 SECRETS_TIMEOUT_S = 60.0
+EXIT_NOTE = "rlinfra: os._exit with code "  # read back by rlinfra.runtime.calls.death_cause
 T = TypeVar("T")
 
 if TYPE_CHECKING:  # annotations only: a worker never loads the config parser
@@ -90,6 +91,7 @@ class HostMethods:
         bind_identity(self, context.group_name, context.placement, context.hardware, context.incarnation)
         _set_env(context)
         process_groups.listen_on(ray.util.get_node_ip_address())
+        _note_exit_codes()
         if context.secrets is not None:
             receive_secrets(context.secrets, SECRETS_TIMEOUT_S)
 
@@ -118,6 +120,19 @@ class HostMethods:
         one door instead of a forwarding method per function. ``function`` travels by reference
         (a module-level function), so it must be importable in the worker."""
         return function(*args)
+
+
+def _note_exit_codes() -> None:
+    """Make ``os._exit(n)`` say ``n`` in the worker's stderr log first: Ray's raylets ignore
+    SIGCHLD, so nobody else learns a worker's exit code. (A fatal signal is reported there by
+    Ray's own handler: ``*** SIGSEGV received``; SIGKILL leaves no word at all.)"""
+    real_exit = os._exit
+
+    def noted_exit(status: int) -> NoReturn:
+        os.write(2, f"{EXIT_NOTE}{status}\n".encode())
+        real_exit(status)
+
+    os._exit = noted_exit
 
 
 def memory_peak() -> dict[str, int]:

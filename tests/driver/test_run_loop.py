@@ -177,11 +177,9 @@ def test_a_worker_death_mid_loop_is_said_in_the_state_the_metrics_and_the_consol
         1,
         1,
     )
-    assert event["iteration"] == 1 and event["cause"].startswith(
-        "worker group 'env': collect failed on rank(s) 1"
-    )
+    assert event["iteration"] == 1 and event["cause"] == "the worker process died"
     assert read_events(tmp_path) == [event]
-    assert "recovered env:1 on node 1: replaced after worker group 'env'" in out.getvalue()
+    assert "recovered env:1 on node 1: replaced after the worker process died" in out.getvalue()
     summary = run.state.ledger.summary()
     assert (summary["lost"], summary["trained"], summary["open"], summary["duplicated"]) == (1, 9, 0, 0)
 
