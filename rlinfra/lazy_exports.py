@@ -6,8 +6,6 @@ maps its exported names to the modules that define them and imports a module onl
 its names is first read.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any

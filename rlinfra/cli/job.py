@@ -7,8 +7,6 @@ when it FAILED or was STOPPED, so scripts can chain on it. Status, logs, stop an
 own (``ray job status|logs|stop|list``): the same address, and the token where Ray looks for it.
 """
 
-from __future__ import annotations
-
 import shlex
 from functools import partial
 from pathlib import Path

@@ -6,8 +6,6 @@ its rank (``rollout:1 | ...``); ``--follow`` keeps reading until the run ends (i
 ``summary.json`` appears) or Ctrl-C.
 """
 
-from __future__ import annotations
-
 import json
 import time
 from pathlib import Path

@@ -1,7 +1,5 @@
 """The ``rlinfra`` command: one typer app, one module per subcommand."""
 
-from __future__ import annotations
-
 import typer
 
 from rlinfra.cli.job import job_app

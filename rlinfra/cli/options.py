@@ -7,8 +7,6 @@ A user error (a bad config, option or cluster) is one line on stderr and exit st
 else is a bug and keeps its traceback.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path

@@ -9,8 +9,6 @@ some node cannot hold (``--cpus``) is printed, then exits with status 1 naming t
 else is a bug and keeps its traceback.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

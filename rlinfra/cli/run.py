@@ -9,8 +9,6 @@ driver's directory to its workers, so they import it too. So is the config's own
 the workers' ``PYTHONPATH``): a job module kept beside its config runs from any directory.
 """
 
-from __future__ import annotations
-
 import importlib
 import os
 import sys

@@ -6,8 +6,6 @@ Only wiring: load the config, turn options into a ``SlurmJob``, write what
 Mistakes exit with status 2 and a message. ``render`` and ``submit`` take the same options.
 """
 
-from __future__ import annotations
-
 import inspect
 from pathlib import Path
 from typing import Annotated

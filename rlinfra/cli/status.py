@@ -5,8 +5,6 @@ A run writes ``metrics.jsonl`` (a record per iteration, an event per survived fa
 reads them, so it needs no access to the run's Ray (and so no token) and works from any terminal.
 """
 
-from __future__ import annotations
-
 import json
 import time
 from pathlib import Path

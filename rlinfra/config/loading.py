@@ -18,8 +18,6 @@ A file with a top-level ``defaults`` list or ``hydra`` section is a Hydra config
 by Hydra from its own directory, as RLinf's ``@hydra.main`` entry points compose it.
 """
 
-from __future__ import annotations
-
 import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence

@@ -1,7 +1,5 @@
 """A config as plain Python values: OmegaConf containers resolved into dicts and lists."""
 
-from __future__ import annotations
-
 import sys
 from typing import Any
 

@@ -13,8 +13,6 @@ A validator may raise a ``ConfigError`` itself (with a caret under the text it r
 ``where`` is then read below the key the validator checked.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any, TypeVar, get_args
 

@@ -11,8 +11,6 @@ version, and answers ``engine_logprobs`` for the log-prob probe. It rests on fac
 (``VLLM_VERSION`` is pinned). See docs/engines.md#vllm.
 """
 
-from __future__ import annotations
-
 import contextlib
 import importlib.metadata
 import importlib.util

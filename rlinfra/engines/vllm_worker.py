@@ -27,8 +27,6 @@ On CPU, vLLM 0.32 hands linear weights to oneDNN and leaves empty parameters unl
 module turns it off, which is why the engine names it as the extension of every worker.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any

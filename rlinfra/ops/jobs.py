@@ -11,8 +11,6 @@ is why ``_client_class`` builds Ray's client without its ``RAY_ADDRESS`` step.
 See docs/operations.md and docs/design.md#decisions.
 """
 
-from __future__ import annotations
-
 import asyncio
 import importlib.util
 import math

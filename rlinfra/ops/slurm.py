@@ -12,8 +12,6 @@ Token authentication stays on (``RAY_AUTH_MODE=token``), with a fresh token per 
 the user brings one: Ray's GCS listens on every interface of the head.
 """
 
-from __future__ import annotations
-
 import ipaddress
 import re
 import shlex

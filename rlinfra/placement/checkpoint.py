@@ -3,8 +3,6 @@ the parameter count of the model Hugging Face builds from that config on the ``m
 memory, no weights: a 70B model is counted on a laptop from its 1 KB config, tied embeddings
 counted once). The plan shows it beside the processes that hold the model."""
 
-from __future__ import annotations
-
 import functools
 from dataclasses import dataclass
 

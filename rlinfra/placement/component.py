@@ -5,8 +5,6 @@ at parse time — and ``get_strategy(...).get_placement(...)`` never raises for 
 constructed. Cost is linear in the number of processes.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any

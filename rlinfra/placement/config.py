@@ -27,8 +27,6 @@ A component's mapping may add ``model`` (a checkpoint folder or its ``config.jso
 ``memory`` (``rlinfra.placement.memory``): its role and the settings that change its memory.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass

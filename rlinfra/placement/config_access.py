@@ -5,8 +5,6 @@ These helpers turn them into plain Python values and check each field's type, so
 a ``PlacementError`` that names the config path instead of an ``AttributeError`` deep inside.
 """
 
-from __future__ import annotations
-
 import posixpath
 from collections import Counter
 from collections.abc import Mapping, Sequence

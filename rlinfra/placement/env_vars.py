@@ -9,8 +9,6 @@ Everything in ``env_vars`` ends up where Ray or a log may record it, so values t
 credentials are refused here, at parse time, with a message that says to use ``cluster.secrets``.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any

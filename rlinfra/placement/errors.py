@@ -5,8 +5,6 @@ wrong type — becomes a ``PlacementError`` at parse time: a ``ConfigError`` (wh
 expected), so a user can fix the YAML without reading our code.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from itertools import groupby
 

@@ -5,8 +5,6 @@ collector runs it scans the whole growing heap, which turns a linear algorithm i
 one (measured: 5.1x the time for 4x the nodes with the collector on, 3.9x with it paused).
 """
 
-from __future__ import annotations
-
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -13,8 +13,6 @@ Whitespace around tokens is allowed. This module knows no cluster: it turns text
 under the exact characters they reject.
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 from itertools import accumulate

@@ -15,8 +15,6 @@ This is where the placement rules live (see DESIGN "Placement semantics"):
 The output is one tuple of resource ranks per process, the input of every strategy.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 
 from rlinfra.placement.errors import PlacementError, Span

@@ -24,8 +24,6 @@ its default. The formulas, in bytes, with Ψ parameters and ``e`` bytes per elem
   component may override with ``overhead_gib``.
 """
 
-from __future__ import annotations
-
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence

@@ -17,8 +17,6 @@ environments, executables — and this module reads none of them back.
         constraints: {labels: {zone: a}}
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field

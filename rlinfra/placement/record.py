@@ -1,7 +1,5 @@
 """``Placement``: where exactly one process of a component runs."""
 
-from __future__ import annotations
-
 from typing import Any, NamedTuple
 
 # Ray resource name of an accelerator -> the environment variable that hides the others.

@@ -9,8 +9,6 @@ pool stores flat per-resource arrays so that every lookup afterwards is O(1) (RL
 nodes per process, which is what makes it quadratic).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 

@@ -9,8 +9,6 @@
 bug to report, not a fault to ride out. Without the key a component gets ``DEFAULT_RESTART``.
 """
 
-from __future__ import annotations
-
 from pydantic import ConfigDict, Field
 
 from rlinfra.config import Section

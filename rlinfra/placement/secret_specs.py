@@ -9,8 +9,6 @@ worker reading a record never loads the schema library); reading the values and 
 workers outside Ray's records is the runtime's job (``rlinfra.runtime.secrets``).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 

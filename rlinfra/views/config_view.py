@@ -2,8 +2,6 @@
 its value after the YAML and the overrides, its default, type and allowed values, read from the
 job's declared schema, so what the table says is what the run checks."""
 
-from __future__ import annotations
-
 import typing
 from typing import Any
 

@@ -6,8 +6,6 @@ and each custom hardware unit. It is built in one pass over the placements, skip
 beyond the display limit, so a 1,000-node plan costs milliseconds and memory for 32 rows.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 from rlinfra.placement import CLUSTER_GROUP, NODE_GROUP, ClusterSpec, ComponentPlacement, HardwareUnit

@@ -8,8 +8,6 @@ reserves inside its bundle (``1/users`` of a shared device) and how components r
 job: one row per component (devices summarised per node), relations among the first components.
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from dataclasses import asdict
 from itertools import combinations

@@ -4,8 +4,6 @@ Devices whose prediction is the same (the usual case: every GPU of a node, every
 share one row, so 8,000 devices read as a few lines; the JSON keeps every device.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from rich.table import Table

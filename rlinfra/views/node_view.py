@@ -7,8 +7,6 @@ nodes' own device counts; CPUs depend on the machines, so they are checked when 
 are known (``--cpus``, or ``cluster.simulate_cpus`` for a simulated cluster).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any

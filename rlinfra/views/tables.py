@@ -1,7 +1,5 @@
 """The rich pieces every view of a plan shares: the console, the table shape, resource amounts."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 

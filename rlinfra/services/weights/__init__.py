@@ -6,23 +6,14 @@ errors of the update steps (``WeightsPauseError``, ``WeightsSwapError``, ``Weigh
 ``WeightSyncError``; they stay in their modules.
 """
 
-from rlinfra.services.weights.admission import WeightsNotAdmittedError
-from rlinfra.services.weights.barrier import UpdateReport, WeightSync, WeightSyncError
-from rlinfra.services.weights.buffers import WeightsView
-from rlinfra.services.weights.engine import EngineReceiver
-from rlinfra.services.weights.gate import WeightsPausedError
-from rlinfra.services.weights.roles import WeightReceiver, WeightSender
-from rlinfra.services.weights.staleness import filter_stale
-
-__all__ = [
-    "EngineReceiver",
-    "UpdateReport",
-    "WeightReceiver",
-    "WeightSender",
-    "WeightSync",
-    "WeightSyncError",
-    "WeightsNotAdmittedError",
-    "WeightsPausedError",
-    "WeightsView",
-    "filter_stale",
-]
+# Re-exported (``name as name``): what ``rlinfra`` and the driver import from here.
+from rlinfra.services.weights.admission import WeightsNotAdmittedError as WeightsNotAdmittedError
+from rlinfra.services.weights.barrier import UpdateReport as UpdateReport
+from rlinfra.services.weights.barrier import WeightSync as WeightSync
+from rlinfra.services.weights.barrier import WeightSyncError as WeightSyncError
+from rlinfra.services.weights.buffers import WeightsView as WeightsView
+from rlinfra.services.weights.engine import EngineReceiver as EngineReceiver
+from rlinfra.services.weights.gate import WeightsPausedError as WeightsPausedError
+from rlinfra.services.weights.roles import WeightReceiver as WeightReceiver
+from rlinfra.services.weights.roles import WeightSender as WeightSender
+from rlinfra.services.weights.staleness import filter_stale as filter_stale

@@ -18,8 +18,6 @@ weights (set with ``set_initial_weights``, never sent by an update) have no trai
 they are checked end to end, the newcomer's hashes against the peer's.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import ray
@@ -27,11 +25,9 @@ import xxhash
 
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
-from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import Buffers, Expected, check_holds
 from rlinfra.services.weights.transports.base import ReceiverSide
 
-SNAPSHOT_BUCKET_BYTES = buckets.DEFAULT_BUCKET_BYTES
 SNAPSHOT_FETCH_TIMEOUT_S = 120.0  # a newcomer's wait for its peer's snapshot
 
 
@@ -51,11 +47,8 @@ class AdmissionReceiver(ReceiverSide):
             current = state.current
         # Packed from the tensors served, in the version's own bucket layout (so the checksums
         # compare with the trainer's); initial weights, never laid out in buckets, get one now.
-        specs = current.manifest.buckets or buckets.plan_buckets(current.tensors, SNAPSHOT_BUCKET_BYTES)
-        packed = [buckets.pack(current.tensors, spec) for spec in specs]
-        arrays = [array for array, _ in packed]
-        checksums = {index: digest for index, (_, digest) in enumerate(packed)}
-        return Buffers(current.version, Manifest(current.version, specs), buckets=arrays, checksums=checksums)
+        specs = current.manifest.buckets or buckets.plan_buckets(current.tensors)
+        return Buffers(current.version, buckets.Manifest(current.version, specs)).fill(current.tensors)
 
     @served_asleep
     def weights_admit(self, source: list[Any], expected: Expected) -> None:

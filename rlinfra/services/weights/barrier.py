@@ -20,8 +20,6 @@ per node), ``"broadcast"`` (a torch.distributed cross-component group) and ``"cu
 (colocated GPU workers). The protocol here never asks which one it drives.
 """
 
-from __future__ import annotations
-
 import contextlib
 import time
 import uuid
@@ -173,7 +171,7 @@ class WeightSync:
             if not manifest.hashed:
                 checksums, node_checks = {}, None  # verify then checks versions only
         except BaseException as error:
-            raise self._rolled_back("prepare", version, error, resume_owner=None) from error
+            raise self._roll_back("prepare", version, error, owner=None) from error
         finally:
             with contextlib.suppress(Exception):  # the sender's own failure is already being reported
                 link.on_sender(WeightSender.weights_close, version)
@@ -205,7 +203,7 @@ class WeightSync:
             if step != "while paused":
                 step = _failed_step(step, error)
             self.staged = None
-            raise self._rolled_back(step, version, error, resume_owner=owner) from error
+            raise self._roll_back(step, version, error, owner) from error
         try:
             resumed = link.on_receivers(WeightReceiver.weights_resume, owner)
         except Exception as error:  # Ctrl-C passes through: the caller is stopping
@@ -303,16 +301,14 @@ class WeightSync:
         return self.receivers.call(WeightReceiver.weights_snapshot, [rank], timeout=self.step_timeout_s)
 
     # ------------------------------------------------------------------------------- recovery
-    def _rolled_back(
-        self, step: str, version: int, error: BaseException, resume_owner: str | None
-    ) -> WeightSyncError:
+    def _roll_back(self, step: str, version: int, error: BaseException, owner: str | None) -> WeightSyncError:
         """Roll every surviving receiver back from ``version`` (dropping staged weights), then
         reopen the gate if it was closed (best effort on each survivor, bounded in time); returns
         the error to raise. Ctrl-C (``KeyboardInterrupt``) and ``SystemExit`` pass through
         unchanged: the caller is stopping, not facing a failed update."""
         self._on_survivors(WeightReceiver.weights_rollback, version)
-        if resume_owner is not None:
-            self._on_survivors(WeightReceiver.weights_resume, resume_owner)
+        if owner is not None:
+            self._on_survivors(WeightReceiver.weights_resume, owner)
         if not isinstance(error, Exception):
             raise error
         return self._error(step, version, error)

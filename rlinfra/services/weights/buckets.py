@@ -9,8 +9,6 @@ Tensors are torch tensors or numpy arrays; buckets are 1-D numpy uint8 views of 
 so any transport can carry them and checksums are computed on exactly what travelled.
 """
 
-from __future__ import annotations
-
 import functools
 import warnings
 from collections.abc import Mapping
@@ -100,9 +98,7 @@ def _numpy_key(torch_dtype: Any) -> str:
 def torch_dtype(key: str) -> Any:
     """The torch dtype of a bucket entry's dtype key (inverse of ``tensor_meta``'s key)."""
     torch = _torch()
-    if key == "bfloat16":
-        return torch.bfloat16
-    return torch.from_numpy(np.empty(0, dtype=np.dtype(key))).dtype
+    return torch.bfloat16 if key == "bfloat16" else torch.from_numpy(np.empty(0, dtype=key)).dtype
 
 
 def plan_buckets(
@@ -210,17 +206,14 @@ def check_arrays(arrays: list[np.ndarray], spec: BucketSpec) -> None:
 
 
 def _typed_view(raw: np.ndarray, entry: Entry, as_torch: bool) -> Any:
-    """``raw`` (1-D uint8) seen as the entry's dtype and shape, as numpy or torch, without a copy."""
-    if entry.dtype == "bfloat16":
-        array = raw.view(np.uint16).reshape(entry.shape)
-        return _torch_view(array.view(np.int16)).view(_torch().bfloat16) if as_torch else array
-    array = raw.view(np.dtype(entry.dtype)).reshape(entry.shape)
-    return _torch_view(array) if as_torch else array
-
-
-def _torch_view(array: np.ndarray) -> Any:
-    if array.flags.writeable:
-        return _torch().from_numpy(array)
-    with warnings.catch_warnings():  # read-only by design: see unpack_arrays
+    """``raw`` (1-D uint8) seen as the entry's dtype and shape, as numpy or torch, without a copy
+    (numpy has no bfloat16: its bits are carried as uint16, and as int16 into torch)."""
+    bfloat16 = entry.dtype == "bfloat16"
+    array = raw.view(np.uint16 if bfloat16 else entry.dtype).reshape(entry.shape)
+    if not as_torch:
+        return array
+    torch = _torch()
+    with warnings.catch_warnings():  # a read-only array is read-only by design: see unpack_arrays
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return _torch().from_numpy(array)
+        tensor = torch.from_numpy(array.view(np.int16) if bfloat16 else array)
+    return tensor.view(torch.bfloat16) if bfloat16 else tensor

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rlinfra.services.weights.buckets import Manifest, checksum, unpack
+from rlinfra.services.weights.buckets import Manifest, checksum, pack, unpack
 from rlinfra.services.weights.gate import Gate
 
 # Shared weights' checks: node id -> bucket index -> (object id, checksum of the object's bytes).
@@ -69,6 +69,13 @@ class Buffers:
             self.buckets = spare.buckets
         else:
             self.buckets = [self.new_bucket(size) for size in sizes]
+
+    def fill(self, state: Mapping[str, Any]) -> Buffers:
+        """New buckets for the manifest, filled with ``state``'s tensors and checksummed; returns self."""
+        self.allocate(None)
+        for spec, bucket in zip(self.manifest.buckets, self.buckets, strict=True):
+            self.checksums[spec.index] = pack(state, spec, out=bucket)[1]
+        return self
 
     def new_bucket(self, nbytes: int) -> Any:
         return np.empty(nbytes, dtype=np.uint8)

@@ -9,15 +9,12 @@ engine implements ``engine_state`` (views of what it serves, under the trainer's
 override the other hooks. See docs/engines.md#engine-style-receivers.
 """
 
-from __future__ import annotations
-
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
-from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import Buffers, Expected, WeightsSwapError, check_holds
 from rlinfra.services.weights.roles import WeightReceiver
 
@@ -97,10 +94,8 @@ class EngineReceiver(WeightReceiver):
         """Serve ``version`` before the first update: ``tensors``, or (none given) what the engine
         starts from; kept as the host copy, loaded and checked like any version."""
         state = self.engine_start_state() if tensors is None else tensors
-        host = self.private_buffers(version, Manifest(version, buckets.plan_buckets(state)))
-        host.allocate(None)
-        for spec, bucket in zip(host.manifest.buckets, host.buckets, strict=True):
-            host.checksums[spec.index] = buckets.pack(state, spec, out=bucket)[1]
+        host = self.private_buffers(version, buckets.Manifest(version, buckets.plan_buckets(state)))
+        host.fill(state)
         host.build_views(as_torch=True)
         self._weights_serve(host)
 
@@ -111,7 +106,7 @@ class EngineReceiver(WeightReceiver):
         self.engine_check(first)
         super()._weights_serve(first)
 
-    def weights_begin(self, manifest: Manifest, kind: type[Buffers] = Buffers) -> None:
+    def weights_begin(self, manifest: buckets.Manifest, kind: type[Buffers] = Buffers) -> None:
         if kind is not Buffers:
             raise EngineStagingError(
                 f"{getattr(self, '_worker_name', type(self).__name__)} is an engine receiver: it stages "

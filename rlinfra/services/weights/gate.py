@@ -6,8 +6,6 @@ waits, with a deadline, for the generation already inside to drain. Its lock als
 receiver's buffers, so that what generation reads and whether the gate is open change together.
 """
 
-from __future__ import annotations
-
 import threading
 import time
 

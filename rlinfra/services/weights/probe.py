@@ -14,17 +14,12 @@ Trainers implement ``logprobs(sequences)`` on the role that holds the policy; en
 are of the completion's tokens given what precedes them, at temperature 1.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from rlinfra.runtime.group import WorkerGroup
 from rlinfra.services.weights.buffers import WeightsVerifyError
 from rlinfra.services.weights.engine import EngineReceiver
-
-if TYPE_CHECKING:
-    from rlinfra.runtime.group import WorkerGroup
 
 Sequences = Sequence[tuple[Sequence[int], Sequence[int]]]
 DEFAULT_TOLERANCE = 1e-3  # float32 engines agree with the trainer to ~1e-6; a wrong version is off by >0.01

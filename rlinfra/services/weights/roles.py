@@ -19,8 +19,6 @@ resume) are here; the steps that move bytes are the transports' sides, which the
 made of (``transports/``).
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any

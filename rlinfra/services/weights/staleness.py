@@ -4,8 +4,6 @@ Off-policy drift is bounded by how old the weights behind a sample may be: the t
 version v accepts samples from versions ``v - max_staleness`` .. ``v`` and drops the rest.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 from typing import Any
 

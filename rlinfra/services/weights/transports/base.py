@@ -13,8 +13,6 @@ A transport module holds all three sides of one way of moving a version's bucket
 method (``link.on_receivers(ObjectStoreReceiver.weights_receive, ...)``), never by name.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar

@@ -7,8 +7,6 @@ member when one dies, so a failure asks the receivers who died, and says that th
 brought up again without them.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

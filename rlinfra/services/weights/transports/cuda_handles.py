@@ -16,8 +16,6 @@ CUDA IPC works only between processes of one node, that can both see the GPU the
 and never within one process.
 """
 
-from __future__ import annotations
-
 import functools
 import os
 from collections.abc import Callable, Mapping
@@ -115,16 +113,10 @@ class HostStaging:
         return checksum(host.numpy())
 
 
-@functools.cache
-def host_staging() -> HostStaging:
-    """This process's staging buffer (pinned memory is scarce: one, reused by every checksum)."""
-    return HostStaging()
-
-
-@functools.cache
-def live_buckets() -> LiveBuckets:
-    """The buckets this process (a sender) has shared and keeps alive, with its peaks so far."""
-    return LiveBuckets()
+# This process's staging buffer (pinned memory is scarce: one, reused by every checksum), and the
+# buckets it (a sender) has shared and keeps alive, with its peaks so far.
+host_staging = functools.cache(HostStaging)
+live_buckets = functools.cache(LiveBuckets)
 
 
 # ------------------------------------------------------------------------------------ probing

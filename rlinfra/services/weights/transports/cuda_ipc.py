@@ -21,8 +21,6 @@ Checked at construction: checksums on, CUDA in every process, one node, the send
 to every receiver, no receiver in the sender's own process.
 """
 
-from __future__ import annotations
-
 import functools
 from typing import Any
 

@@ -9,8 +9,6 @@ before putting bucket i. Zero-copy reads on one node; works across nodes. Freed 
 the store, evictable, until Ray's batched deletion (about a second) or a new object needs the room.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,14 +20,13 @@ import xxhash
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
-from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.transports.base import ReceiverSide, SenderSide, Transport
 
 
 class ObjectStoreTransport(Transport):
     """The driver: one bucket in flight to the receivers, the next one being put meanwhile."""
 
-    def transfer(self, manifest: Manifest) -> tuple[dict[int, int], None]:
+    def transfer(self, manifest: buckets.Manifest) -> tuple[dict[int, int], None]:
         """One bucket at a time through the object store; the sender puts bucket i+1 while the
         receivers copy bucket i, so at most two buckets are in flight."""
         link, version = self.link, manifest.version
@@ -47,6 +44,7 @@ class ObjectStoreSender(SenderSide):
 
     # How long a put waits for Ray to release the bucket two before it (see ``weights_put``).
     weights_release_wait_s = 1.0
+    _rlinfra_puts: dict[int, bytes] | None = None  # hex object id of each bucket put and maybe alive
 
     @served_asleep
     def weights_put(self, version: int, index: int, bounded: bool = True) -> tuple[int, list[Any]]:
@@ -68,11 +66,10 @@ class ObjectStoreSender(SenderSide):
         digest = buckets.arrays_checksum(arrays) if sending.hashed else 0
         if not bounded:
             return digest, [ray.put(arrays)]
-        puts = getattr(self, "_rlinfra_puts", None) or _OwnedPuts()
-        puts.wait_released(through=index - 2, timeout_s=self.weights_release_wait_s)
+        puts = self._rlinfra_puts = self._rlinfra_puts or {}
+        _wait_released([puts.pop(i) for i in sorted(puts) if i <= index - 2], self.weights_release_wait_s)
         ref = ray.put(arrays)
-        puts.track(index, ref)
-        self._rlinfra_puts: _OwnedPuts | None = puts
+        puts[index] = ref.hex().encode()
         return digest, [ref]
 
     def _weights_forget(self) -> None:
@@ -99,36 +96,18 @@ class ObjectStoreReceiver(ReceiverSide):
             shadow.checksums[index] = digest.intdigest()
 
 
-class _OwnedPuts:
-    """The buckets this process put into the object store, and whether Ray still keeps them.
-
-    The owner's reference table (``get_all_reference_counts``, keyed by hex object id) is what
-    decides an object's lifetime: an entry stays while any process still references the object.
-    It is a private Ray API, so it is checked on the first put (the object just put must be in
-    it) and the wait is skipped if it does not behave as expected.
-    """
-
-    def __init__(self) -> None:
-        self.keys: dict[int, bytes] = {}
-        self.usable: bool | None = None
-
-    def track(self, index: int, ref: Any) -> None:
-        key = ref.hex().encode()
-        if self.usable is None:
-            table = _reference_table()
-            self.usable = table is not None and key in table
-        self.keys[index] = key
-
-    def wait_released(self, through: int, timeout_s: float) -> None:
-        """Wait (at most ``timeout_s``) until buckets ``<= through`` are released, where that can
-        be observed; stop tracking them either way."""
-        keys = [self.keys.pop(index) for index in sorted(self.keys) if index <= through]
-        deadline = Deadline.after(timeout_s)
-        while keys and self.usable and not deadline.expired:
-            table = _reference_table()
-            if table is None or not any(key in table for key in keys):
-                return
-            time.sleep(0.0005)
+def _wait_released(keys: list[bytes], timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until Ray no longer keeps the objects this process put under
+    ``keys`` (hex object ids). The owner's reference table (``get_all_reference_counts``) is what
+    decides an object's lifetime: an entry stays while any process still references the object. It
+    is a private Ray API: where it is missing, or does not hold the objects at all (Ray changed it),
+    nothing is waited for."""
+    deadline = Deadline.after(timeout_s)
+    while keys and not deadline.expired:
+        table = _reference_table()
+        if table is None or not any(key in table for key in keys):
+            return
+        time.sleep(0.0005)
 
 
 def _reference_table() -> Mapping[bytes, Any] | None:

@@ -11,8 +11,6 @@ views of them must not be written to). The sender side is the object store's put
 (``ObjectStoreSender.weights_put(..., bounded=False)``).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +19,6 @@ import ray
 from rlinfra.runtime.calls import GroupCall
 from rlinfra.runtime.served_asleep import served_asleep
 from rlinfra.services.weights import buckets
-from rlinfra.services.weights.buckets import Manifest
 from rlinfra.services.weights.buffers import Buffers, Expected, NodeChecks
 from rlinfra.services.weights.transports.base import ReceiverSide, Transport
 from rlinfra.services.weights.transports.object_store import ObjectStoreSender
@@ -64,7 +61,7 @@ class SharedTransport(Transport):
 
     shadow = SharedBuffers
 
-    def admit(self, manifest: Manifest) -> None:
+    def admit(self, manifest: buckets.Manifest) -> None:
         """Shared weights keep two versions in the object store of every node involved while an
         update runs (the serving one, kept for rollback until the commit, and the staged one);
         refuse before anything is sent where a store is smaller, instead of filling it and
@@ -87,7 +84,7 @@ class SharedTransport(Transport):
                 "(private copies, two buckets in flight) or give the nodes larger object stores."
             )
 
-    def transfer(self, manifest: Manifest) -> tuple[dict[int, int], NodeChecks]:
+    def transfer(self, manifest: buckets.Manifest) -> tuple[dict[int, int], NodeChecks]:
         """Every bucket put once and mapped (not copied) by every receiver. The buckets stay in the
         store as the receivers' shadow, so there is no memory to win by holding a put back until
         the receivers are done: the driver hands each bucket out as soon as it is in the store and
