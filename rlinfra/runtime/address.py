@@ -39,9 +39,6 @@ class WorkerAddress:
         """``group:rank`` — the name rlinfra gives the worker's Ray actor."""
         return SEPARATOR.join([self.root_group_name, *map(str, self.rank_path)])
 
-    def get_parent_rank(self) -> int:
-        return self.rank_path[-2] if len(self.rank_path) > 1 else 0
-
     def get_parent_address(self) -> WorkerAddress | None:
         """The address one level up, or None for the root group itself."""
         return WorkerAddress(self.root_group_name, self.rank_path[:-1]) if self.rank_path else None

@@ -21,6 +21,7 @@ component placements alone — no second source of truth:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -68,13 +69,9 @@ class LayoutPlan:
 
     def slices(self, component: str) -> list[tuple[int, int]]:
         """The component's bundles as ``(offset, length)`` runs — one run for the usual layouts."""
-        runs: list[tuple[int, int]] = []
-        for index in self.bundle_indices(component):
-            if runs and runs[-1][0] + runs[-1][1] == index:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((index, 1))
-        return runs
+        # Consecutive indices have the same index - position: each such group is one run.
+        grouped = itertools.groupby(enumerate(self.bundle_indices(component)), lambda pair: pair[1] - pair[0])
+        return [(run[0][1], len(run)) for run in (list(group) for _, group in grouped)]
 
     def relation(self, first: str, second: str) -> str:
         """``colocated`` (same bundles), ``disaggregated`` (disjoint) or ``partly colocated``."""
@@ -150,7 +147,10 @@ def plan_layout(
             if devices and reserved:
                 bundles[index][kind] = float(len(ordered[index][3]))
             share = reservable(users_share) if devices and reserved else 0.0
-            row = _reservation(index, cpu, kind, share)
+            if kind == "GPU":
+                row = ActorReservation(index, cpu, share)
+            else:
+                row = ActorReservation(index, cpu, 0.0, {kind: share} if share else {})
             if per_rank is not None and per_rank[rank]:
                 row = _constrained(row, per_rank[rank], bundles[index], labels[index], name, rank)
             rows.append(row)
@@ -208,9 +208,3 @@ def devices_of(placement: Placement) -> list[Device]:
     """The devices a process holds, in its order (none for a process placed on a whole node)."""
     node, kind = placement.cluster_node_rank, placement.hardware_type
     return [(node, kind, index) for index in placement.local_hardware_ranks]
-
-
-def _reservation(index: int, num_cpus: float, kind: str, share: float) -> ActorReservation:
-    if kind == "GPU":
-        return ActorReservation(index, num_cpus, share)
-    return ActorReservation(index, num_cpus, 0.0, {kind: share} if share else {})

@@ -14,6 +14,7 @@ import itertools
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, OutOfMemoryError, RayActorError, RayError, RayTaskError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
 from rlinfra.runtime.hosting import EXIT_NOTE
+from rlinfra.runtime.stacks import run_on_node
 from rlinfra.runtime.watchdog import StuckWatch
 
 if TYPE_CHECKING:
@@ -221,11 +222,10 @@ class GroupCall:
         died = {rank: failure for rank, failure in failures.items() if failure.reason == DIED}
         if not died:
             return
-        read, refs, nodes = ray.remote(num_cpus=0, max_retries=0)(last_words), {}, self.group.cluster.nodes
+        refs, nodes = {}, self.group.cluster.nodes
         for rank, failure in died.items():
             if failure.pid is not None and failure.node_rank is not None:
-                node = NodeAffinitySchedulingStrategy(nodes[failure.node_rank].node_id, soft=False)
-                refs[read.options(scheduling_strategy=node).remote(failure.pid)] = rank
+                refs[run_on_node(nodes[failure.node_rank].node_id, last_words, failure.pid)] = rank
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=DEATH_LOOKUP_S)  # late: ends soon
         words = {refs[ref]: ray.get(ref) for ref in ready if not _raised(ref)}
         for rank, failure in died.items():
@@ -280,12 +280,6 @@ def concat_chunks(chunks: list[Any]) -> Any:
     """Inverse of ``split_batch`` on the per-rank results: one sequence in rank order."""
     first = next((chunk for chunk in chunks if chunk is not None), None)
     module = type(first).__module__.split(".")[0]
-    if module == "numpy":
-        import numpy
-
-        return numpy.concatenate(chunks)
-    if module == "torch":
-        import torch
-
-        return torch.cat(chunks)
+    if module in ("numpy", "torch"):  # imported already: the chunks are its arrays
+        return sys.modules[module].concatenate(chunks)
     return list(itertools.chain.from_iterable(chunks))

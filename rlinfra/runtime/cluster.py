@@ -15,6 +15,7 @@ import copy
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 import ray
@@ -23,7 +24,7 @@ from rlinfra.placement.cluster_spec import ClusterSpec
 from rlinfra.placement.config import ClusterConfig, parse_cluster_config
 from rlinfra.placement.config_access import as_mapping
 from rlinfra.placement.node_groups import NodeSpec
-from rlinfra.runtime.deadline import Deadline, poll
+from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.discovery import RayNode, rank_nodes
 from rlinfra.runtime.embedded import EmbeddedRay
 from rlinfra.runtime.errors import ClusterError
@@ -81,33 +82,23 @@ class Cluster:
 
     def _wait_for_nodes(self, timeout: float) -> list[RayNode]:
         """Poll Ray's node table until ``num_nodes`` nodes are alive; a progress line meanwhile."""
-        seen: list[RayNode] = []
-        waited: list[bool] = []
-
-        def enough() -> list[RayNode] | None:
-            seen[:] = rank_nodes(ray.nodes())
-            if len(seen) >= self.num_nodes:
-                if waited:  # end the progress line
-                    print(f"\r{len(seen)}/{self.num_nodes} Ray nodes alive.        ", file=sys.stderr)
-                return seen[: self.num_nodes]
+        deadline, waited = Deadline.after(timeout), False
+        while len(seen := rank_nodes(ray.nodes())) < self.num_nodes:
+            if deadline.expired:
+                raise ClusterError(
+                    f"only {len(seen)} of {self.num_nodes} Ray nodes joined within {timeout:.0f} s (cluster."
+                    "num_nodes); check that every node ran `ray start` against this head, or lower num_nodes"
+                )
             print(f"\rwaiting for Ray nodes: {len(seen)}/{self.num_nodes}", end="", file=sys.stderr)
-            waited.append(True)
-            return None
-
-        def too_few() -> ClusterError:
-            return ClusterError(
-                f"only {len(seen)} of {self.num_nodes} Ray nodes joined within {timeout:.0f} s "
-                f"(cluster.num_nodes={self.num_nodes}); check that every node ran `ray start` "
-                f"against this head, or lower num_nodes"
-            )
-
-        nodes = poll(enough, Deadline.after(timeout), too_few, every_s=0.5)
+            waited = True
+            time.sleep(min(0.5, deadline.left()))
+        if waited:  # end the progress line
+            print(f"\r{len(seen)}/{self.num_nodes} Ray nodes alive.        ", file=sys.stderr)
         if len(seen) > self.num_nodes:
             print(
-                f"rlinfra: Ray has {len(seen)} nodes; using the first {self.num_nodes} by rank",
-                file=sys.stderr,
+                f"rlinfra: using the first {self.num_nodes} of {len(seen)} Ray nodes by rank", file=sys.stderr
             )
-        return nodes
+        return seen[: self.num_nodes]
 
     @property
     def embedded(self) -> EmbeddedRay | None:
@@ -132,7 +123,7 @@ class Cluster:
         if self._embedded is None or self._embedded.simulated is None:
             raise ClusterError(
                 f"cannot {action} node: this Cluster is attached to a Ray it did not start, or started one "
-                "local node; only a simulated cluster (cluster.simulate) it started has nodes to kill"
+                "local node; only one it simulated (cluster.simulate) has nodes to kill"
             )
         return self._embedded
 
@@ -148,13 +139,13 @@ class Cluster:
         context = ray.get_runtime_context()
         return os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
 
-    def require(self, at_least: bool = False, **expected: float) -> None:
+    def require(self, **expected: float) -> None:
         """Raise ``ClusterError`` unless Ray's ledger matches ``expected`` (e.g. ``GPU=16``).
 
         A mismatch here is what later shows up as wrong rank maps or stuck placement groups, so
-        check it before launching anything. ``at_least=True`` accepts more than expected.
+        check it before launching anything.
         """
-        diff = resource_diff(expected, ray.cluster_resources(), at_least=at_least)
+        diff = resource_diff(expected, ray.cluster_resources())
         if diff:
             raise ClusterError("Ray's resources differ from what this job requires:\n" + diff)
 

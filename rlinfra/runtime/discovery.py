@@ -42,35 +42,26 @@ class RayNode:
 def rank_nodes(raw_nodes: Iterable[Mapping[str, Any]]) -> list[RayNode]:
     """Alive nodes from ``ray.nodes()`` in rank order, each with its rank."""
     alive = [node for node in raw_nodes if node.get("Alive")]
-    explicit: dict[int, Mapping[str, Any]] = {}
-    implicit: list[Mapping[str, Any]] = []
-    for node in alive:
-        label = (node.get("Labels") or {}).get(NODE_RANK_LABEL)
-        if label is None:
-            implicit.append(node)
-            continue
-        try:
-            rank = int(label)
-        except ValueError:
-            raise ClusterError(
-                f"node {node['NodeID'][:12]} has label {NODE_RANK_LABEL}={label!r}; expected an integer"
-            ) from None
-        if rank in explicit:
-            raise ClusterError(f"two nodes carry label {NODE_RANK_LABEL}={rank}; each rank must be unique")
-        explicit[rank] = node
-    if sorted(explicit) != list(range(len(explicit))):
+    found = sorted(label for node in alive if (label := _rank_label(node)) is not None)
+    if found != sorted(map(str, range(len(found)))):
         raise ClusterError(
-            f"nodes labelled {NODE_RANK_LABEL} must be numbered 0..{len(explicit) - 1}, "
-            f"found {sorted(explicit)[:8]}"
+            f"nodes labelled {NODE_RANK_LABEL} must be numbered 0..{len(found) - 1}, each once; found {found}"
         )
-    ordered = [explicit[rank] for rank in range(len(explicit))] + sorted(implicit, key=_implicit_key)
     return [
         RayNode(rank, node["NodeID"], dict(node.get("Resources") or {}), dict(node.get("Labels") or {}))
-        for rank, node in enumerate(ordered)
+        for rank, node in enumerate(sorted(alive, key=_order))
     ]
 
 
-def _implicit_key(node: Mapping[str, Any]) -> tuple[int, tuple[int, int | str], str]:
+def _rank_label(node: Mapping[str, Any]) -> str | None:
+    return (node.get("Labels") or {}).get(NODE_RANK_LABEL)
+
+
+def _order(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Labelled nodes by their label; then the head; then by IP as a number; then by node id."""
+    label = _rank_label(node)
+    if label is not None:
+        return (0, int(label))
     is_head = HEAD_RESOURCE in (node.get("Resources") or {})
     address = node.get("NodeManagerAddress", "")
     try:
@@ -78,4 +69,4 @@ def _implicit_key(node: Mapping[str, Any]) -> tuple[int, tuple[int, int | str], 
         ip_key: tuple[int, int | str] = (ip.version, int(ip))
     except ValueError:
         ip_key = (99, address)
-    return (0 if is_head else 1, ip_key, node["NodeID"])
+    return (1, 0 if is_head else 1, ip_key, node["NodeID"])

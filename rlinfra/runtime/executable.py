@@ -31,12 +31,12 @@ from pathlib import Path
 
 import ray
 from ray.exceptions import RayError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinfra.placement.cluster_spec import ClusterSpec
 from rlinfra.placement.record import Placement
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.errors import RankFailure, WorkerGroupError
+from rlinfra.runtime.stacks import run_on_node
 
 PROBE_TIMEOUT_S = 60.0  # one probe command; an interpreter that hangs at start-up fails here
 SCHEDULE_SLACK_S = 30.0  # on top of it: starting the task's own worker process on the node
@@ -97,11 +97,7 @@ def worker_runtime_envs(
 
 def _probe_nodes(cluster: Cluster, needed: set[WorkerExecutable]) -> dict[WorkerExecutable, str | None]:
     """Run every probe at once, each pinned to its node, and wait for all with one deadline."""
-    probe = ray.remote(num_cpus=0, max_retries=0)(probe_command)
-    refs: dict[WorkerExecutable, ray.ObjectRef] = {}
-    for executable in needed:
-        pinned = NodeAffinitySchedulingStrategy(cluster.node(executable.node_rank).node_id, soft=False)
-        refs[executable] = probe.options(scheduling_strategy=pinned).remote(executable)
+    refs = {key: run_on_node(cluster.node(key.node_rank).node_id, probe_command, key) for key in needed}
     limit = PROBE_TIMEOUT_S + SCHEDULE_SLACK_S
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=limit)
     return {key: _result(ref, ref in ready, key.node_rank, limit) for key, ref in refs.items()}
@@ -140,16 +136,11 @@ def probe_command(executable: WorkerExecutable) -> str | None:
             tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-4:])
             return f"{shown} failed on node {node_rank} (exit status {done.returncode}): {tail}"
         found = json.loads(report.read_text())
-    return _version_mismatch(found, shown, node_rank)
-
-
-def _version_mismatch(found: dict, shown: str, node_rank: int) -> str | None:
-    """Ray refuses workers of another Ray version and cannot unpickle across Python versions."""
-    python, wanted = tuple(found["python"]), sys.version_info[:2]
-    if found["ray"] != ray.__version__ or python != wanted:
-        return (
-            f"{shown} runs Python {'.'.join(map(str, python))} with Ray {found['ray']} on node "
-            f"{node_rank}; Ray's workers there run Python {'.'.join(map(str, wanted))} with Ray "
-            f"{ray.__version__}"
-        )
-    return None
+    # Ray refuses workers of another Ray version and cannot unpickle across Python versions.
+    python, wanted = ".".join(map(str, found["python"])), ".".join(map(str, sys.version_info[:2]))
+    if found["ray"] == ray.__version__ and python == wanted:
+        return None
+    return (
+        f"{shown} runs Python {python} with Ray {found['ray']} on node {node_rank}; Ray's workers "
+        f"there run Python {wanted} with Ray {ray.__version__}"
+    )

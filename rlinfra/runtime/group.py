@@ -190,7 +190,6 @@ class WorkerGroup:
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=reservation.bundle_index
                     ),
-                    "max_restarts": 0,
                     "max_concurrency": max_concurrency,
                     "runtime_env": runtime_env,
                 }
@@ -243,11 +242,8 @@ class WorkerGroup:
                 drifted.append(f"rank {placement.rank} uses {placement.visible_devices}, Ray: {ray_ids}")
         if drifted:
             logger.warning(
-                "worker group %r: Ray's device ledger differs from the placement on %d rank(s) (%s); "
-                "device counts are reserved correctly",
-                self.name,
-                len(drifted),
-                "; ".join(drifted[:4]),
+                f"worker group {self.name!r}: Ray's device ids (not counts) differ from the placement on "
+                f"{len(drifted)} rank(s): {'; '.join(drifted[:4])}"
             )
 
     def refresh_master_address(self, timeout: float) -> None:
@@ -287,8 +283,7 @@ class WorkerGroup:
         chosen = list(ranks)
         if not chosen or any(isinstance(rank, bool) or not isinstance(rank, int) for rank in chosen):
             raise TypeError(
-                f"worker group {self.name!r}: execute_on takes ranks as separate ints, e.g. "
-                f"execute_on(0, 2); got {ranks!r}"
+                f"{self.name}.execute_on takes ranks as separate ints, e.g. (0, 2); got {ranks!r}"
             )
         self._refuse_unless(chosen, self.ranks, "execute on")
         return WorkerGroupView(self, chosen)
@@ -359,16 +354,11 @@ class WorkerGroup:
         timeout = self.call_timeout if timeout is None else timeout
         return GroupCall(self, action or name, refs, chosen, timeout, gather, label)
 
-    def heartbeat_ages(self, ranks: Sequence[int], timeout_s: float) -> dict[int, float | None]:
-        """Seconds since each rank's last ``heartbeat()`` (None: never), as the ranks answer in
-        their watch thread within ``timeout_s``; ranks that do not answer are left out."""
-        answers = self._probe(ranks, timeout_s)
-        return {rank: age for rank, age in answers.items() if not isinstance(age, RayError)}
-
-    def _probe(self, ranks: Sequence[int], timeout_s: float) -> dict[int, Any]:
-        """Each rank's answer to a heartbeat probe within ``timeout_s``: its heartbeat age, or the
-        ``RayError`` the probe raised (a dead rank's fails at once); ranks that do not answer are
-        left out. Probes are answered in the ranks' watch threads, so busy or stuck ranks answer."""
+    def probe_heartbeats(self, ranks: Sequence[int], timeout_s: float) -> dict[int, Any]:
+        """Each rank's answer to a heartbeat probe within ``timeout_s``: seconds since its last
+        ``heartbeat()`` (None: never), or the ``RayError`` the probe raised (a dead rank's fails at
+        once); ranks that do not answer are left out. Probes are answered in the ranks' watch
+        threads, so busy or stuck ranks answer."""
         refs = {self.actors[rank].rlinfra_heartbeat_age.remote(): rank for rank in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
         answers: dict[int, Any] = {}
@@ -398,7 +388,7 @@ class WorkerGroup:
         busy or stuck rank still answers; a dead one's probe fails at once."""
         dead_nodes = self.cluster.dead_node_ranks()
         gone = {rank for rank in self.ranks if self.node_rank_of(rank) in dead_nodes}
-        answers = self._probe([rank for rank in self.ranks if rank not in gone], timeout_s)
+        answers = self.probe_heartbeats([rank for rank in self.ranks if rank not in gone], timeout_s)
         # A rank unavailable for now (not known dead) is not gone: it is not replaced.
         gone.update(rank for rank, answer in answers.items() if isinstance(answer, ActorDiedError))
         return sorted(gone)

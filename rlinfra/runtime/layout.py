@@ -107,16 +107,16 @@ class Layout:
                 f"component {component!r} is not in this layout (it holds {', '.join(self.placements)})"
             )
         if list(placements) != self.placements[component]:
-            raise ClusterError(
-                f"component {component!r} is launched with other placements than the layout planned "
-                f"(e.g. another strategy or isolate_accelerator setting)"
+            message = (
+                "is launched with other placements (strategy, isolate_accelerator) than the layout planned"
             )
+            raise ClusterError(f"component {component!r} {message}")
         planned = self.num_cpus[component]
         if num_cpus is not None and num_cpus != planned:
+            reserved = "the default rule" if planned is None else f"num_cpus={planned:g}"
             raise ClusterError(
-                f"component {component!r} is launched with num_cpus={num_cpus:g}, but the layout "
-                f"reserved {'the default rule' if planned is None else f'num_cpus={planned:g}'}; "
-                "pass num_cpus to Layout instead"
+                f"component {component!r} is launched with num_cpus={num_cpus:g}, but the layout reserved "
+                f"{reserved}; pass num_cpus to Layout instead"
             )
         return self.pg, self.plan.reservations[component]
 
@@ -174,18 +174,15 @@ def check_capacity(plan: LayoutPlan, cluster: Cluster, what: str) -> None:
     for node, wanted in sorted(plan.per_node().items()):
         totals = cluster.node(node).resources
         for name, amount in sorted(wanted.items()):
-            have = totals.get(name, 0.0)
-            if amount > have + 1e-9:
+            have, gap = totals.get(name, 0.0), amount - totals.get(name, 0.0)
+            if gap > 1e-9:
                 short.append(
-                    f"node {node}: {name}={amount:g} requested, {have:g} in total "
-                    f"(short by {amount - have:g})"
+                    f"\n    node {node}: {name}={amount:g} requested, {have:g} in total (short by {gap:g})"
                 )
     if short:
         raise ReservationError(
-            f"{what}: the reservation can never fit, whatever else finishes:\n    "
-            + "\n    ".join(short)
-            + "\n  lower num_cpus for the components on those nodes (see `rlinfra plan --cpus`), "
-            "or use larger nodes"
+            f"{what}: the reservation can never fit, whatever else finishes:{''.join(short)}\n  lower "
+            "num_cpus for the components on those nodes (see `rlinfra plan --cpus`), or use larger nodes"
         )
 
 

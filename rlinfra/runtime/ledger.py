@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 
-def resource_diff(expected: Mapping[str, float], actual: Mapping[str, float], at_least: bool = False) -> str:
+def resource_diff(expected: Mapping[str, float], actual: Mapping[str, float]) -> str:
     """Lines ``NAME: required X, Ray has Y`` for every mismatch; empty when all agree."""
     lines = []
     for name, want in sorted(expected.items()):
         have = float(actual.get(name, 0.0))
-        if not (have >= want if at_least else abs(have - want) < 1e-9):
-            relation = "at least " if at_least else ""
-            lines.append(f"  {name}: required {relation}{want:g}, Ray has {have:g} ({have - want:+g})")
+        if abs(have - want) >= 1e-9:
+            lines.append(f"  {name}: required {want:g}, Ray has {have:g} ({have - want:+g})")
     return "\n".join(lines)

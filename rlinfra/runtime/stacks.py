@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -21,6 +23,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 PY_SPY_TIMEOUT_S = 10.0
 # Files whose frames are machinery, not the work: Ray's, and the stdlib's threads and loops.
 _SYSTEM_FILES = ("ray/", "threading.py", "queue.py", "selectors.py", "asyncio/", "concurrent/", "socket.py")
+
+
+def run_on_node(node_id: str, function: Callable[..., Any], *args: Any) -> ray.ObjectRef:
+    """``function(*args)`` as a task pinned to Ray node ``node_id``, reserving no CPU (so a full
+    node still runs it) and never retried: how the driver looks at a node's processes and files."""
+    task = ray.remote(num_cpus=0, max_retries=0)(function)
+    return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(*args)
 
 
 def dump_on_node(pid: int) -> str | None:
@@ -42,10 +51,7 @@ def dump_on_node(pid: int) -> str | None:
 def python_stack(node_id: str, pid: int, timeout_s: float = PY_SPY_TIMEOUT_S + 5.0) -> str | None:
     """The stack of process ``pid`` on Ray node ``node_id`` as py-spy sees it (idle Ray threads
     left out), or None when py-spy could not give one."""
-    task = ray.remote(num_cpus=0, max_retries=0)(dump_on_node).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-    )
-    ref = task.remote(pid)
+    ref = run_on_node(node_id, dump_on_node, pid)
     try:
         text = ray.get(ref, timeout=timeout_s)
     except ray.exceptions.RayError:  # no dump in time (GetTimeoutError), or the task failed

@@ -65,15 +65,11 @@ class ComponentAsleepError(TimeSharingError):
         nodes = sorted({node for node in self.node_ranks if node is not None})
         where = f" (node {', '.join(map(str, nodes))})" if nodes else ""
         state = "asleep" if self.state == ASLEEP else "in an unknown state (its last sleep or wake failed)"
-        if not self.awake:
-            holder = "no component is awake on its devices"
-        else:
-            names = ", ".join(repr(name) for name in self.awake)
-            holder = f"{names} {'is' if len(self.awake) == 1 else 'are'} awake on its devices"
-        ranks = ", ".join(map(str, self.ranks))
+        holders = ", ".join(map(repr, self.awake)) or "no component"
+        ranks, verb = ", ".join(map(str, self.ranks)), "are" if len(self.awake) > 1 else "is"
         return (
-            f"component {self.component!r} is {state} on rank(s) {ranks}{where}: call "
-            f"{self.component}.{self.method} refused; {holder}. Wake it first: "
+            f"component {self.component!r} is {state} on rank(s) {ranks}{where}: call {self.component}."
+            f"{self.method} refused; {holders} {verb} awake on its devices. Wake it first: "
             f"schedule.wake({self.component!r})"
         )
 

@@ -56,15 +56,11 @@ class SwitchError(WorkerGroupError):
         super().__init__(cause.group, cause.action, cause.failures, cause.results, cause.pending)
 
     def _render(self) -> str:
-        if self.phase == WAKE:
-            then = f"schedule.wake({self.group!r}) calls its wake() again"
-        elif self.target is None:
-            then = f"schedule.sleep({self.group!r}) calls its sleep() again"
+        target = self.target
+        if self.phase == WAKE or target is None:
+            then = f"schedule.{self.phase}({self.group!r}) calls its {self.phase}() again"
         else:
-            then = (
-                f"{self.target!r} was not woken; schedule.wake({self.target!r}) calls {self.group}'s "
-                "sleep() again"
-            )
+            then = f"{target!r} was not woken; schedule.wake({target!r}) calls {self.group}'s sleep() again"
         return (
             f"{super()._render()}\n  time-sharing (the switch's deadline: {self.timeout_s:g} s): "
             f"{self.group!r} is now in an unknown state (calls to it are refused); {then}"
@@ -179,8 +175,7 @@ class TimeSharing:
         after = {p.rank: frozenset(devices_of(p)) for p in _launched(group).placements}
         if before != after:
             raise TimeSharingError(
-                f"time-sharing: {name!r} came back on other devices than it had; the schedule's record "
-                "of who shares what would be wrong, so build a new TimeSharing"
+                f"time-sharing: {name!r} came back on other devices; build a new TimeSharing"
             )
         self._remove_guard(name)
         self.groups[name] = group
@@ -293,9 +288,9 @@ class TimeSharing:
     def _install_guards(self, components: Sequence[str]) -> None:
         taken = [name for name in components if self.groups[name].call_guard is not None]
         if taken:
+            guarded = ", ".join(map(repr, taken))
             raise TimeSharingError(
-                f"time-sharing: component(s) {', '.join(map(repr, taken))} already have a call guard "
-                "(another TimeSharing schedule?); close that one first"
+                f"time-sharing: {guarded} guarded by another TimeSharing; close that first"
             )
         for name in components:
             self.groups[name].call_guard = self._guards[name] = functools.partial(self._guard, name)
@@ -365,15 +360,13 @@ def _check_hooks(groups: Iterable[WorkerGroup]) -> None:
     for group in groups:
         cls, component = group.worker_cls, f"component {group.name!r} ({group.worker_cls.__name__})"
         missing = ", ".join(f"{hook}()" for hook, base in _HOOKS.items() if getattr(cls, hook, base) is base)
-        hooks = f"missing hook(s) {missing}" if missing else "has both hooks"
         if not issubclass(cls, TimeShared):
-            problems.append(f"{component} is not a TimeShared worker ({hooks})")
-        elif missing:
-            problems.append(f"{component} is {hooks}")
+            problems.append(f"{component} is not a TimeShared worker")
+        if missing:
+            problems.append(f"{component} is missing hook(s) {missing}")
     if problems:
         raise TimeSharingError(
-            "time-sharing: components that share devices must take turns, but "
-            + "; ".join(problems)
-            + ". Derive their worker classes from rlinfra.runtime.timesharing.TimeShared and implement "
+            f"time-sharing: components that share devices must take turns, but {'; '.join(problems)}. "
+            "Derive their worker classes from rlinfra.runtime.timesharing.TimeShared and implement "
             "sleep() (release device memory) and wake() (take it back)"
         )

@@ -44,11 +44,12 @@ class StuckWatch:
         """The pending ranks silent for ``stuck_after`` or more: rank → (seconds silent, seconds
         since its last heartbeat or None). Schedules the next probe."""
         elapsed = time.monotonic() - self.started
-        ages = self.group.heartbeat_ages(pending, PROBE_TIMEOUT_S)
+        ages = self.group.probe_heartbeats(pending, PROBE_TIMEOUT_S)
         stuck: dict[int, tuple[float, float | None]] = {}
         soonest = self.stuck_after
         for rank in pending:
             age = ages.get(rank)
+            age = age if isinstance(age, float) else None  # a failed probe: as silent as no answer
             silent = elapsed if age is None else min(elapsed, age)
             if silent >= self.stuck_after:
                 stuck[rank] = (silent, age)

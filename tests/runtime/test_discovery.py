@@ -43,7 +43,11 @@ def test_explicit_labels_win_over_head_and_ip():
 
 @pytest.mark.parametrize(
     ("labels", "message"),
-    [(["0", "0"], "unique"), (["0", "2"], "numbered 0..1"), (["x", "0"], "expected an integer")],
+    [
+        (["0", "0"], "numbered 0..1, each once"),
+        (["0", "2"], r"numbered 0..1, each once; found \['0', '2'\]"),
+        (["x", "0"], "numbered 0..1, each once"),
+    ],
 )
 def test_bad_labels_are_clear_errors(labels, message):
     nodes = [node(f"n{i}", "10.0.0.1", labels={NODE_RANK_LABEL: value}) for i, value in enumerate(labels)]

@@ -119,8 +119,6 @@ def test_resource_diff_names_each_mismatch():
     diff = resource_diff({"GPU": 16, "CPU": 4}, {"GPU": 8.0, "CPU": 4.0})
     assert "GPU: required 16, Ray has 8 (-8)" in diff
     assert "CPU" not in diff
-    assert resource_diff({"GPU": 8}, {"GPU": 16.0}, at_least=True) == ""
-    assert "at least" in resource_diff({"GPU": 32}, {"GPU": 16.0}, at_least=True)
 
 
 @pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 23])

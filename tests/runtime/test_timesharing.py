@@ -279,7 +279,8 @@ def test_a_component_without_hooks_is_refused_at_construction(launch, log_dir):
     with pytest.raises(TimeSharingError) as refused:
         TimeSharing([probe, bare, half])
     message = str(refused.value)
-    assert "component 'bare' (Bare) is not a TimeShared worker (missing hook(s) sleep(), wake())" in message
+    assert "component 'bare' (Bare) is not a TimeShared worker" in message
+    assert "component 'bare' (Bare) is missing hook(s) sleep(), wake()" in message
     assert "component 'half' (Half) is missing hook(s) wake()" in message
     # Refused before any worker was touched, and no guard left behind.
     assert not list(log_dir.glob("probe-*"))
