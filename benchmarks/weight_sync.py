@@ -6,7 +6,7 @@ Figures per (layout, transport), median of ``--repeat`` updates:
 * ``bandwidth_ratio``: the update's effective bandwidth (bytes / prepare time) over a raw baseline
   measured in the same run — the driver ``ray.put``s the same bytes in the same bucket size and
   four plain actors ``ray.get`` each bucket and end up holding it as the transport's receivers do:
-  copied into a buffer of their own (``object_store``, ``broadcast``, ``cuda_ipc``), or kept as
+  copied into a buffer of their own (``object_store``, ``broadcast``), or kept as
   Ray's zero-copy view, every bucket handed out as soon as it is put (``object_store_shared``).
   Each update is paired with the raw round run right after it and the median of the pairs'
   ratios is reported, so that drifts in the machine's speed cancel. Goal >= 0.8.
@@ -27,8 +27,7 @@ Figures per (layout, transport), median of ``--repeat`` updates:
 Steady state is measured: ``--warmup`` updates (and raw rounds) run first and are not counted,
 because the first two updates allocate the receivers' shadow buffers (page faults on every byte)
 and from then on double buffering reuses them — as in an RL loop with hundreds of updates.
-``cuda_ipc`` is measured only where CUDA is available (``--transports`` picks). The last line
-printed is one JSON object with every figure.
+The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -209,11 +208,10 @@ def measure(
                 version += 1
                 updates.append(sync.update(version))
                 raws.append(raw_baseline(state, raw, zero_copy))
-                if transport != "cuda_ipc":  # it always checksums
-                    sync.checksums = False
-                    version += 1
-                    unhashed.append(sync.update(version))
-                    sync.checksums = True
+                sync.checksums = False
+                version += 1
+                unhashed.append(sync.update(version))
+                sync.checksums = True
             prepare = statistics.median(u.prepare_s for u in updates)
             total = statistics.median(u.total_s for u in updates)
             pause = statistics.median(u.pause_s for u in updates)
@@ -261,21 +259,12 @@ def measure(
     return rows
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def main() -> None:
     parser = harness.parser(__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--layouts", default="one node,two nodes")
-    default_transports = "object_store,object_store_shared,broadcast" + (",cuda_ipc" if _cuda() else "")
-    parser.add_argument("--transports", default=default_transports)
+    parser.add_argument("--transports", default="object_store,object_store_shared,broadcast")
     args = parser.parse_args()
     if args.smoke:
         args.repeat, args.warmup = 1, 0

@@ -13,7 +13,7 @@ from pydantic import Field
 from rlinfra.config import Section
 
 # How weight versions move (``WeightSync``): the names of ``rlinfra.services.weights.transports``.
-Transport = Literal["object_store", "object_store_shared", "broadcast", "cuda_ipc"]
+Transport = Literal["object_store", "object_store_shared", "broadcast"]
 WandbMode = Literal["online", "offline", "disabled"]  # W&B's own
 
 

@@ -19,8 +19,6 @@ component placements alone — no second source of truth:
   to its bundle and its reservation, and their node labels to the bundle's label selector.
 """
 
-from __future__ import annotations
-
 import itertools
 import math
 from collections import Counter, defaultdict

@@ -6,8 +6,6 @@ strings, so ``10.0.0.66`` lands before ``10.0.0.7``); then by node id, because s
 share one IP. Ray's own order of ``ray.nodes()`` is not stable and is never used.
 """
 
-from __future__ import annotations
-
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field

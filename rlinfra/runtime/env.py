@@ -22,8 +22,6 @@ in YAML, ``EnvLayer(replace=...)`` in code). Composition copies: no caller's map
 Secrets never pass through here (see ``rlinfra.runtime.secrets``).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import fnmatch
 import os

@@ -1,7 +1,5 @@
 """Errors of the runtime layer: each one names what failed and where, so nobody reads Ray logs."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Any
 

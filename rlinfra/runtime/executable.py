@@ -17,8 +17,6 @@ missing or not executable, without Ray, or with another Python or Ray version th
 workers.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import shlex

@@ -12,8 +12,6 @@ Each role instance gets the same rank, placement and environment as the hosting 
 logs as ``policy/actor:3``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any, cast
 

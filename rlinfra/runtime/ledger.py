@@ -5,8 +5,6 @@ started without ``--num-gpus``) makes every later rank map and placement group w
 that into one clear diff before anything is launched.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 
 

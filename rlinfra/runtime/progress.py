@@ -11,8 +11,6 @@ a fused role) may beat. The driver reads it through a method that runs in its ow
 actor (``WATCH_GROUP``), so it answers while the worker's own method is busy.
 """
 
-from __future__ import annotations
-
 import sys
 import threading
 import time

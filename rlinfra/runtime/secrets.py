@@ -17,8 +17,6 @@ never in a runtime_env. Object contents are not logged, and the object dies with
 Error messages name secrets and where they come from, never their values.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field

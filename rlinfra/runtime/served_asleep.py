@@ -8,8 +8,6 @@ job's own ``engine_state`` or ``weights_state`` is served like the one it replac
 the weight-update mixins mark their methods without importing the time-sharing machinery.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any, TypeVar
 

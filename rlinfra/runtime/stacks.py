@@ -8,8 +8,6 @@ allowed), the caller falls back to the worker's own view of its threads
 (``rlinfra.runtime.progress.thread_stacks``).
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess

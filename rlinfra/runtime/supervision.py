@@ -9,8 +9,6 @@ node is gone (``UnreplaceableError``: its bundle cannot come back anywhere else 
 the rank's devices).
 """
 
-from __future__ import annotations
-
 import collections
 import time
 from dataclasses import dataclass

@@ -4,8 +4,6 @@ take them back; its public methods refuse calls while it sleeps (``ComponentAsle
 callers that bypass the group's guard; and what makes freed memory show as freed on the CPU.
 """
 
-from __future__ import annotations
-
 import ctypes
 import functools
 import gc

@@ -14,8 +14,6 @@ each rank's bundle really is.
 Pure functions over plain data (no Ray import); the runtime calls them.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 

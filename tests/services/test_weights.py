@@ -2,8 +2,7 @@
 
 A trainer (rank 0 on node 0) publishes a small state dict in several buckets to four rollout
 workers (two per node) that keep generating while new weights are staged. The object store's
-memory bound is measured on Ray's own state; the cuda_ipc transport's refusals are checked here
-(its GPU tests are in ``test_weights_cuda_ipc.py``).
+memory bound is measured on Ray's own state.
 
 Groups are reused by the next test that asks for the same kind when nothing happened to them
 that a reset cannot undo (worker names are unique, so one pair is kept): that test gets them at
@@ -303,12 +302,6 @@ def test_versions_must_increase_and_staleness_is_bounded(job):
     assert [s.version for s in fresh] == [2, 3, 3] and dropped == 2
 
 
-def test_cuda_ipc_always_checksums(job):
-    trainer, rollout = job()
-    with pytest.raises(ValueError, match="the cuda_ipc transport always checksums"):
-        WeightSync(trainer, rollout, transport="cuda_ipc", checksums=False)
-
-
 @pytest.mark.parametrize("transport", OBJECT_STORES)
 def test_corrupted_bucket_fails_verify_and_rolls_everyone_back(job, transport):
     trainer, rollout = job(trainer_cls=CorruptingTrainer)
@@ -358,7 +351,7 @@ def test_without_checksums_versions_are_still_verified_but_corruption_is_not(job
         expect_serving(rollout, 1)
 
 
-ALL_HOST_TRANSPORTS = [*OBJECT_STORES, "broadcast"]  # cuda_ipc always checksums (test_weights_cuda_ipc.py)
+ALL_HOST_TRANSPORTS = [*OBJECT_STORES, "broadcast"]
 
 
 def _sync_over(trainer, rollout, transport: str, checksums: bool):
@@ -710,16 +703,6 @@ def test_shared_weights_one_copy_per_node_a_write_shows_on_the_node_and_is_detec
     assert first[0][1] == first[1][1] != fingerprint(make_state(1)) == first[2][1] == first[3][1]
 
 
-def test_cuda_ipc_refuses_receivers_on_another_node(job):
-    trainer, rollout = job()
-    with pytest.raises(ValueError, match="the cuda_ipc transport cannot work here") as caught:
-        WeightSync(trainer, rollout, transport="cuda_ipc")
-    message = str(caught.value)
-    assert "rollout rank(s) 2-3 are on node 1 (" in message
-    assert "not on the sender's node 0 (" in message and "(trainer rank 0)" in message
-    assert "CUDA IPC only maps memory between processes of one node" in message
-
-
 def test_shared_weights_outlive_the_trainer_that_put_them(job):
     """The trainer owns the objects; when it dies Ray frees them, but the store does not reuse
     memory a worker still maps: the rollouts keep serving intact weights."""
@@ -785,20 +768,6 @@ def test_shared_weights_refuse_a_store_that_cannot_hold_two_versions(job):
     assert "keeps two versions (160 MiB)" in message and "the node of trainer rank 0" in message
     assert "Use transport='object_store'" in message
     expect_serving(rollout, 0)
-
-
-def test_cuda_ipc_refuses_workers_without_cuda(job):
-    torch = pytest.importorskip("torch")
-    trainer, rollout = job(component="local_rollout")  # all on node 0: only CUDA is missing
-    with pytest.raises(ValueError, match="the cuda_ipc transport cannot work here") as caught:
-        WeightSync(trainer, rollout, transport="cuda_ipc")
-    if not torch.cuda.is_available():
-        message = str(caught.value)
-        assert "the sender (trainer rank 0) has no usable CUDA: " in message
-        assert "local_rollout rank(s) 0-1 have no usable CUDA: " in message
-    # Nothing was started: the object store transport still works with the same workers.
-    trainer.train_to(1).wait()
-    assert WeightSync(trainer, rollout, bucket_bytes=BUCKET_BYTES).update(1).version == 1
 
 
 def test_copy_and_hash_equals_copy_then_checksum():

@@ -16,8 +16,8 @@ step they are separate calls (three).
 
 Transports (``TRANSPORTS``; one module each under ``transports/``): ``"object_store"`` (the
 default; private copies, two buckets in flight), ``"object_store_shared"`` (zero-copy, one copy
-per node), ``"broadcast"`` (a torch.distributed cross-component group) and ``"cuda_ipc"``
-(colocated GPU workers). The protocol here never asks which one it drives.
+per node) and ``"broadcast"`` (a torch.distributed cross-component group). The protocol here
+never asks which one it drives.
 """
 
 import contextlib
@@ -102,9 +102,7 @@ class WeightSync:
 
     Versions are integers owned by the trainer side and must increase. ``cross_group`` is the name
     of a cross-component process group (``rendezvous.bring_up_cross``) for the broadcast transport,
-    with the sender at cross rank 0. ``transport="cuda_ipc"`` asks every worker about its CUDA
-    at construction and raises ``ValueError`` naming what cannot work (no CUDA, another node,
-    the sender's GPU not visible) before any update is attempted.
+    with the sender at cross rank 0.
 
     ``checksums=False`` skips every hash (sender and receivers): verify then checks versions only,
     and a corrupted bucket is served. It exists to measure what the checksums cost and for links
@@ -253,11 +251,6 @@ class WeightSync:
         Raises ``WeightSyncError`` (step ``admit``) when no peer can give the version or a
         newcomer's copy does not verify; the newcomers then serve nothing."""
         newcomers = sorted(set(ranks))
-        if self.transport == "cuda_ipc":
-            raise ValueError(
-                "admission is not provided for the cuda_ipc transport: a newcomer would serve a host "
-                "copy instead of GPU memory; make a new WeightSync over the group instead"
-            )
         if self.staged is not None:
             raise RuntimeError(
                 f"version {self.staged.version} is staged; commit or abandon it before admitting {newcomers}"
@@ -293,8 +286,7 @@ class WeightSync:
         """A group of one receiver has no peer to admit its replacement from, so its serving
         version is kept as a snapshot in Ray's object store after every commit (owned by this
         driver, it outlives the worker): one more host copy of the model, taken beside generation."""
-        lone = self.receivers.world_size == 1 and self.transport != "cuda_ipc"
-        self._kept = self._snapshot(0) if lone else None
+        self._kept = self._snapshot(0) if self.receivers.world_size == 1 else None
 
     def _snapshot(self, rank: int) -> GroupCall:
         """Receiver ``rank``'s serving version, packed (``weights_snapshot``), on its way."""

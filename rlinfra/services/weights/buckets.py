@@ -79,8 +79,7 @@ def _torch() -> Any:
 
 
 def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...], int]:
-    """``(dtype key, shape, nbytes)`` from metadata alone: planning must not copy a GPU tensor to
-    the host (the CUDA IPC transport never moves weights through host memory)."""
+    """``(dtype key, shape, nbytes)`` from metadata alone: planning copies no tensor."""
     if hasattr(tensor, "detach") and hasattr(tensor, "element_size"):  # torch.Tensor
         key = "bfloat16" if str(tensor.dtype) == "torch.bfloat16" else _numpy_key(tensor.dtype)
         return key, tuple(tensor.shape), tensor.numel() * tensor.element_size()
@@ -160,20 +159,6 @@ def pack(
     for entry, flat in zip(spec.entries, bucket_views(state, spec), strict=True):
         buffer[entry.offset : entry.offset + entry.nbytes] = flat
     return buffer, checksum(buffer) if hashed else 0
-
-
-def pack_torch(state: Mapping[str, Any], spec: BucketSpec, out: Any) -> Any:
-    """Copy the bucket's tensors into ``out``, a torch uint8 tensor of ``spec.nbytes`` on any
-    device (device-to-device on a GPU: no host round trip). Returns ``out``; no checksum, since
-    hashing needs the bytes on the host (see ``weights.transports.cuda_ipc``)."""
-    if out.numel() != spec.nbytes:
-        raise ValueError(f"bucket {spec.index}: buffer holds {out.numel()} bytes, the bucket {spec.nbytes}")
-    for entry in spec.entries:
-        flat = state[entry.name].detach().contiguous().reshape(-1).view(_torch().uint8)
-        if flat.numel() != entry.nbytes:
-            raise ValueError(f"{entry.name}: has {flat.numel()} bytes, the plan {entry.nbytes}")
-        out[entry.offset : entry.offset + entry.nbytes].copy_(flat)
-    return out
 
 
 def unpack(buffer: Any, spec: BucketSpec, as_torch: bool = False) -> dict[str, Any]:

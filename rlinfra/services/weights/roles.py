@@ -29,16 +29,13 @@ from rlinfra.services.weights.buckets import Manifest, plan_buckets
 from rlinfra.services.weights.buffers import Buffers, Expected, WeightsView
 from rlinfra.services.weights.transports.base import Sending
 from rlinfra.services.weights.transports.broadcast import BroadcastReceiver, BroadcastSender
-from rlinfra.services.weights.transports.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from rlinfra.services.weights.transports.object_store import ObjectStoreReceiver, ObjectStoreSender
 from rlinfra.services.weights.transports.shared import SharedReceiver
 
 DEFAULT_SERVE_TIMEOUT_S = 60.0
 
 
-class WeightReceiver(
-    AdmissionReceiver, ObjectStoreReceiver, SharedReceiver, BroadcastReceiver, CudaIpcReceiver
-):
+class WeightReceiver(AdmissionReceiver, ObjectStoreReceiver, SharedReceiver, BroadcastReceiver):
     """Mixin for workers that serve generation from weights the trainer publishes.
 
     ``weights_as_torch = True`` (a class attribute) unpacks into torch tensors instead of numpy
@@ -149,7 +146,7 @@ class WeightReceiver(
             return state.current.version, state.gate.open(owner)
 
 
-class WeightSender(ObjectStoreSender, BroadcastSender, CudaIpcSender):
+class WeightSender(ObjectStoreSender, BroadcastSender):
     """Mixin for the trainer: ``weights_state()`` returns the state dict to publish."""
 
     @served_asleep

@@ -8,7 +8,6 @@ those two lists — no branch to edit anywhere.
 
 from rlinfra.services.weights.transports.base import Transport
 from rlinfra.services.weights.transports.broadcast import BroadcastTransport
-from rlinfra.services.weights.transports.cuda_ipc import CudaIpcTransport
 from rlinfra.services.weights.transports.object_store import ObjectStoreTransport
 from rlinfra.services.weights.transports.shared import SharedTransport
 
@@ -16,5 +15,4 @@ BY_NAME: dict[str, type[Transport]] = {
     "object_store": ObjectStoreTransport,
     "object_store_shared": SharedTransport,
     "broadcast": BroadcastTransport,
-    "cuda_ipc": CudaIpcTransport,
 }
