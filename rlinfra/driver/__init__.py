@@ -16,12 +16,10 @@ from typing import TYPE_CHECKING
 
 from rlinfra.lazy_exports import lazy_exports
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first use
     from rlinfra.config import JobConfigError as JobConfigError
     from rlinfra.config import Section as Section
     from rlinfra.config import parse_config as parse_config
-    from rlinfra.driver.entry import job_main as job_main
-    from rlinfra.driver.entry import plot_curve as plot_curve
     from rlinfra.driver.job import Job as Job
     from rlinfra.driver.job import JobConfig as JobConfig
     from rlinfra.driver.metrics import read_events as read_events
@@ -38,27 +36,18 @@ if TYPE_CHECKING:
     from rlinfra.driver.trainer import Trainer as Trainer
     from rlinfra.driver.trainer import TrainerContractError as TrainerContractError
 
-_EXPORTS = {
-    "JobConfigError": "rlinfra.config",
-    "Section": "rlinfra.config",
-    "parse_config": "rlinfra.config",
-    "job_main": "rlinfra.driver.entry",
-    "plot_curve": "rlinfra.driver.entry",
-    "Job": "rlinfra.driver.job",
-    "JobConfig": "rlinfra.driver.job",
-    "read_events": "rlinfra.driver.metrics",
-    "read_metrics": "rlinfra.driver.metrics",
-    "run_module": "rlinfra.driver.module_entry",
-    "Batch": "rlinfra.driver.records",
-    "ContractError": "rlinfra.driver.records",
-    "Update": "rlinfra.driver.records",
-    "RunResult": "rlinfra.driver.result",
-    "Run": "rlinfra.driver.run",
-    "RunSettings": "rlinfra.driver.settings",
-    "RunState": "rlinfra.driver.state",
-    "TRAINER_METHODS": "rlinfra.driver.trainer",
-    "Trainer": "rlinfra.driver.trainer",
-    "TrainerContractError": "rlinfra.driver.trainer",
+_NAMES_BY_MODULE = {
+    "rlinfra.config": ("JobConfigError", "Section", "parse_config"),
+    "rlinfra.driver.job": ("Job", "JobConfig"),
+    "rlinfra.driver.metrics": ("read_events", "read_metrics"),
+    "rlinfra.driver.module_entry": ("run_module",),
+    "rlinfra.driver.records": ("Batch", "ContractError", "Update"),
+    "rlinfra.driver.result": ("RunResult",),
+    "rlinfra.driver.run": ("Run",),
+    "rlinfra.driver.settings": ("RunSettings",),
+    "rlinfra.driver.state": ("RunState",),
+    "rlinfra.driver.trainer": ("TRAINER_METHODS", "Trainer", "TrainerContractError"),
 }
+_EXPORTS = {name: module for module, names in _NAMES_BY_MODULE.items() for name in names}
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

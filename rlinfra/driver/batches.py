@@ -14,8 +14,6 @@ A second ending (a duplicate, or an id trained after it was lost) raises ``Batch
 once, and ``open_ids`` lists what has not ended yet; at the end of a run it is empty.
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field

@@ -13,8 +13,6 @@ with ``weights_only``. Workers hand their state over as bytes, so the folder liv
 machine and no shared filesystem is needed.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os
@@ -85,12 +83,10 @@ class CheckpointStore:
     def load_latest(self) -> Checkpoint | None:
         """The last committed checkpoint, checked; None when there is none. A pickle that older
         versions wrote beside it is refused, never unpickled (unpickling runs code)."""
-        legacy = self.root.parent / LEGACY_PICKLE
-        if not self.latest_path.exists() and legacy.exists():
-            raise CheckpointError(
-                f"{legacy} is a pickle from an older version, which is never loaded; start again"
-            )
         if not self.latest_path.exists():
+            legacy = self.root.parent / LEGACY_PICKLE
+            if legacy.exists():
+                raise CheckpointError(f"{legacy}: an older version's pickle, never loaded; start again")
             return None
         try:
             latest = json.loads(self.latest_path.read_text(encoding="utf-8"))

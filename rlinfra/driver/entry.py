@@ -6,8 +6,6 @@ run that failed prints what failed and where, with the failure report (exit 1); 
 130 after cleanup, as a shell expects.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,21 +28,12 @@ from .result import RunResult
 
 USAGE_ERROR, FAILED, INTERRUPTED = 2, 1, 130
 USAGE_ERRORS = (
-    ConfigError,
-    ContractError,
-    ClusterError,
-    FileNotFoundError,
-    CheckpointError,
-    TimeSharingError,
-)
+    ConfigError, ContractError, ClusterError, FileNotFoundError, CheckpointError, TimeSharingError
+)  # fmt: skip
 RUN_FAILURES = (
-    WorkerGroupError,
-    WeightSyncError,
-    SupervisionError,
-    UnsupervisedLoss,
-    BatchLedgerError,
-    LogprobMismatchError,
-)
+    WorkerGroupError, WeightSyncError, SupervisionError, UnsupervisedLoss,
+    BatchLedgerError, LogprobMismatchError,
+)  # fmt: skip
 
 
 def job_main(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,8 @@ def failed_ranks(error: BaseException) -> list[FailedRank]:
     if isinstance(error, WeightSyncError):
         return failed_ranks(error.cause)
     if isinstance(error, WorkerGroupError):
-        return [
-            FailedRank(error.group, f.rank, f.node_rank, f.reason, f.kind, f.detail)
-            for f in error.failures.values()
-        ]
+        failures = error.failures.values()
+        return [FailedRank(error.group, f.rank, f.node_rank, f.reason, f.kind, f.detail) for f in failures]
     cause = error.__cause__
     return failed_ranks(cause) if cause is not None else []
 
@@ -62,38 +59,30 @@ class FailureReport:
     attempts: list[Restart] = field(default_factory=list)  # replacements and restarts, in order
     committed_version: int | None = None  # the weight version every rollout worker serves
     checkpoint: dict[str, Any] | None = None  # {"iteration": …, "path": …} of the last one saved
-    resume: str = ""  # the command that continues the run (``of_run`` says it)
+    resume: str = "the same command, without --resume (no checkpoint was written)"  # or with it, from one
     details: dict[str, Any] = field(default_factory=dict)  # e.g. the batch ledger's counts
 
     @classmethod
     def of_run(
-        cls,
-        error: BaseException,
-        output_dir: Path,
-        attempts: Sequence[Restart],
-        committed_version: int | None,
-        batches: dict[str, Any],
+        cls, error: BaseException, output: Path, attempts: list[Restart], version: int | None, batches: Any
     ) -> FailureReport:
-        """The report of a launched run that failed, written as ``failure.json`` in ``output_dir``
+        """The report of a launched run that failed, written as ``failure.json`` in ``output``
         and attached to ``error`` as a note. ``attempts``: every replacement and trainer restart;
-        ``batches``: the ledger's counts. The run keeps its checkpoints in ``output_dir`` (a
-        ``CheckpointStore``) and resumes with ``--resume``."""
-        saved, headline = CheckpointStore(output_dir).load_latest(), str(error).partition("\n")[0]
+        ``version``: the committed weight version; ``batches``: the ledger's counts. The run keeps
+        its checkpoints in ``output`` (a ``CheckpointStore``) and resumes with ``--resume``."""
+        saved, headline = CheckpointStore(output).load_latest(), str(error).partition("\n")[0]
+        attempts = sorted(attempts, key=lambda attempt: attempt.at)
         report = cls(
-            error=f"{type(error).__name__}: {headline}",
-            at=time.time(),
-            failed=failed_ranks(error),
-            attempts=sorted(attempts, key=lambda attempt: attempt.at),
-            committed_version=committed_version,
-            resume="the same command, without --resume (no checkpoint was written)",
-            details={"batches": batches},
+            f"{type(error).__name__}: {headline}", time.time(), failed_ranks(error), attempts, version
         )
+        report.details["batches"] = batches
         if saved is not None:
             report.checkpoint = {"iteration": saved.step, "path": str(saved.path)}
             report.resume = f"the same command with --resume (continues from {saved.path})"
-        text = json.dumps(asdict(report), indent=1, default=str)
-        (output_dir / REPORT_FILE).write_text(text, encoding="utf-8")  # beside the metrics the run made
-        _add_note(error, report.render())
+        # beside the metrics the run made
+        (output / REPORT_FILE).write_text(json.dumps(asdict(report), indent=1, default=str), encoding="utf-8")
+        # ``error.add_note`` from Python 3.11 on: the same list of notes, which 3.10 lacks
+        error.__notes__ = [*getattr(error, "__notes__", []), report.render()]  # type: ignore[attr-defined]
         return report
 
     def render(self) -> str:
@@ -117,14 +106,5 @@ class FailureReport:
             lines.append(f"last committed weight version: {self.committed_version}")
         saved = self.checkpoint
         last = f"iteration {saved['iteration']} at {saved['path']}" if saved is not None else "none"
-        lines.append(f"last checkpoint: {last}")
-        lines.append(f"to resume: {self.resume}")
+        lines.extend([f"last checkpoint: {last}", f"to resume: {self.resume}"])
         return "\n".join(lines)
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    """``error.add_note(note)`` (Python 3.11+), or its effect on 3.10: a ``__notes__`` list."""
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:
-        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]

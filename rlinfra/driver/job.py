@@ -5,8 +5,6 @@ A job's target is the driver's too: ``Job.target_key`` names the record key it i
 time to it (from the metrics, across resumes), draws the curve and says how the run ended.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 

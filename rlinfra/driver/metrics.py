@@ -11,8 +11,6 @@ Only the driver writes here (and only the driver imports wandb): workers return 
 on a real cluster the folder lives on the driver's machine and no shared filesystem is needed.
 """
 
-from __future__ import annotations
-
 import json
 import math
 from collections.abc import Mapping
@@ -107,10 +105,8 @@ def _board(folder: Path, purge_after: int | None) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as error:
-        raise ImportError(
-            "run.tensorboard is on but TensorBoard is not installed: pip install tensorboard "
-            "(or set run.tensorboard=false)"
-        ) from error
+        missing = "run.tensorboard is on but TensorBoard is not installed: pip install tensorboard"
+        raise ImportError(f"{missing} (or set run.tensorboard=false)") from error
     purge_step = None if purge_after is None else int(purge_after) + 1
     return SummaryWriter(log_dir=str(folder), purge_step=purge_step, flush_secs=5)
 
@@ -126,9 +122,8 @@ def wandb_run(folder: Path, settings: WandbSettings, config: Mapping[str, Any], 
         installed = "wandb is not installed: pip install 'rlinfra[wandb]'"
         raise JobConfigError(installed, where="run.wandb") from error
     if settings.mode == "online" and not wandb.login(prompt=False, verify=False):
-        raise JobConfigError(
-            "no W&B API key: set WANDB_API_KEY or run `wandb login` (or set mode: offline)", where="run.wandb"
-        )
+        no_key = "no W&B API key: set WANDB_API_KEY or run `wandb login` (or set mode: offline)"
+        raise JobConfigError(no_key, where="run.wandb")
     latest = folder / "wandb" / "latest-run"
     run_id = latest.resolve().name.rsplit("-", 1)[1] if resuming and latest.exists() else None
     run = wandb.init(

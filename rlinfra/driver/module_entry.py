@@ -4,8 +4,6 @@ override grammar, the placement-safe YAML reading) and the job's ``main(cfg, res
 it, as ``rlinfra run`` would. A package's ``__main__`` is one call:
 ``sys.exit(run_module(Path(__file__).parent, "package.job:JobClass"))``."""
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import sys

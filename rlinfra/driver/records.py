@@ -5,8 +5,6 @@ worker that breaks the contract is named at the call that returned the wrong thi
 Both travel through Ray (plain frozen dataclasses: no torch, no Ray in here).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -44,8 +42,6 @@ class Update:
 def expect(record: type, value: Any, what: str) -> Any:
     """``value`` when it is a ``record``; else a ``ContractError`` naming ``what`` returned it."""
     if not isinstance(value, record):
-        raise ContractError(
-            f"{what} returned {type(value).__name__}; expected rlinfra.driver.{record.__name__}"
-            f"({', '.join(f.name for f in fields(record))})"
-        )
+        expected = f"rlinfra.driver.{record.__name__}({', '.join(f.name for f in fields(record))})"
+        raise ContractError(f"{what} returned {type(value).__name__}; expected {expected}")
     return value

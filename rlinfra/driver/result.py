@@ -59,21 +59,13 @@ class RunResult:
         """What ``summary.json`` keeps."""
         state = self.job.state
         return {
-            "outcome": self.outcome,
-            "iterations": self.iterations,
-            "interrupted": self.interrupted,
-            "relations": self.relations,
-            "target": self.job.target(),
-            "time_to_target_s": self.time_to_target_s,
-            "iterations_to_target": self.iterations_to_target,
-            "training_s": round(state.training_s, 3),
-            "wall_s": round(self.wall_s, 3),
-            "batches": self.batches,
-            "recoveries": state.events,
-            "switches": self.switches,
-            "memory": self.memory,
-            "config": self.job.config.model_dump(mode="json"),
-        } | self.job.outcome(self)
+            "outcome": self.outcome, "iterations": self.iterations, "interrupted": self.interrupted,
+            "relations": self.relations, "target": self.job.target(),
+            "time_to_target_s": self.time_to_target_s, "iterations_to_target": self.iterations_to_target,
+            "training_s": round(state.training_s, 3), "wall_s": round(self.wall_s, 3),
+            "batches": self.batches, "recoveries": state.events, "switches": self.switches,
+            "memory": self.memory, "config": self.job.config.model_dump(mode="json"),
+        } | self.job.outcome(self)  # fmt: skip
 
     def report(self) -> str:
         """The closing lines: how the run ended, the job's lines, the recoveries, the files."""
@@ -81,10 +73,8 @@ class RunResult:
         what, target, reached = job.target_key.replace("_", " "), job.target(), self.time_to_target_s
         head = f"{count} {job.unit}s"
         if self.outcome == ENDED:
-            return (
-                f"nothing to resume: the run already ended ({self.ended_by}) at {job.unit} {count} with this "
-                f"config; change it (e.g. a larger budget) to go on. Its files: {folder}"
-            )
+            ended = f"the run already ended ({self.ended_by}) at {job.unit} {count} with this config"
+            return f"nothing to resume: {ended}; change it (e.g. a larger budget) to go on; files: {folder}"
         if self.interrupted:
             head = f"interrupted after {job.unit} {count}; everything released; continue with --resume"
         elif reached is not None:  # the first crossing's own iteration and time, then the whole run's

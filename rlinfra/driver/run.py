@@ -25,6 +25,7 @@ in this order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -42,13 +43,13 @@ from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
 from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
 from rlinfra.placement.config import cluster_section, parse_cluster_config
 from rlinfra.runtime.cluster import Cluster
+from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.hosting import HostMethods, memory_peak
 from rlinfra.runtime.layout import Layout
 from rlinfra.runtime.supervision import Restart, RestartBudget
 from rlinfra.runtime.timesharing import TimeSharing
-from rlinfra.services.weights import WeightReceiver, WeightSync
-from rlinfra.services.weights.probe import LogprobProbe
+from rlinfra.services.weights import WeightReceiver
 
 from .outputs import RunOutputs
 from .records import ContractError
@@ -69,6 +70,8 @@ class Run(TrainedGroups):
     iteration's first ``commit``, when no batch is in flight (elastic scaling: ``run.resize``);
     ``resume`` continues from the last checkpoint in ``run.output_dir``."""
 
+    _awake: str | None = None  # the component that time-shares the trainer's devices
+
     def __init__(
         self,
         job: Job,
@@ -83,14 +86,12 @@ class Run(TrainedGroups):
         if not hasattr(job, "settings") or not hasattr(job, "state"):
             raise ContractError(f"{type(job).__name__}.__init__ must call super().__init__(cfg) first")
         self.job, self.cfg, self.settings, self.state = job, cfg, job.settings, job.state
-        if job.components and self.settings.trainer not in job.components:
-            hint = did_you_mean(self.settings.trainer, job.components)
-            raise JobConfigError(
-                f"{self.settings.trainer!r} is not a component of the {job.title} job"
-                + (f"; {hint}" if hint else ""),
-                where="run.trainer",
-                expected="one of " + ", ".join(repr(name) for name in job.components),
-            )
+        trainer, components = self.settings.trainer, job.components
+        if components and trainer not in components:
+            hint = did_you_mean(trainer, components)
+            problem = f"{trainer!r} is not a component of the {job.title} job" + (f"; {hint}" if hint else "")
+            expected = "one of " + ", ".join(map(repr, components))
+            raise JobConfigError(problem, where="run.trainer", expected=expected)
         self._preflight()
         self.console = console or Console()
         self.between_batches, self.on_iteration = between_batches, on_iteration
@@ -98,9 +99,7 @@ class Run(TrainedGroups):
         self.store = CheckpointStore(self.output)
         saved = self.store.load_latest() if resume else None
         if resume and saved is None:
-            raise FileNotFoundError(
-                f"--resume: no checkpoint in {self.output / 'checkpoints'}; run once without --resume first"
-            )
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.store.root}; run without --resume")
         # Each trained group's payload and the driver's state a restart goes back to (none: the start).
         self._last_checkpoint: tuple[dict[str, bytes], dict[str, Any] | None] = ({}, None)
         self.ended: str | None = None  # how a resumed run that has nothing left to run ended
@@ -109,28 +108,17 @@ class Run(TrainedGroups):
             self._refuse_unless_saved(self.settings.trainer, "run.trainer")  # before Ray starts
             self.state.load(saved.state)
             self.ended = self._ended_with_this_config(saved.step)
+        self.result = RunResult(job, self.output, resumed_from=self.state.iteration)
         # Iterations logged after the checkpoint are redone: the log continues from it.
-        self.out = RunOutputs(job, self.console, self.output, self.state.iteration if resume else None)
+        self.out = RunOutputs(self.console, self.result, self.state.iteration if resume else None)
         self._given_cluster = cluster
         self.cluster: Cluster = cluster  # type: ignore[assignment]  # set in execute before any use
-        self.placement: ComponentPlacement
         self.layout: Layout | None = None
-        self.trainer: WorkerGroup = None  # type: ignore[assignment]  # start_trainer sets it
-        self.sync: WeightSync | None = None
-        self._receivers: WorkerGroup | None = None  # the group that gets the trainer's weights
-        self._first_version: int | None = None  # the trainer's, as start_trainer published it
-        self.supervisor: Supervisor | None = None
-        self.turns: TimeSharing | None = None
-        self.staged_version: int | None = None  # trained and staged on the receivers, not yet served
         self.sync_s = {"prepare_s": 0.0, "pause_s": 0.0, "held_s": 0.0}  # the last stage and commit
-        self._probe: LogprobProbe | None = None
-        self.logprob_mismatch: float | None = None  # the probe's, at the last committed version
         self._groups: list[WorkerGroup] = []
         self.in_flight: list[Pending] = []
         self.trainers: dict[str, WorkerGroup] = {}  # every trained group, the publisher among them
         self._restart_with: dict[str, tuple[StartTrainer, RestartBudget]] = {}  # start_trainer's
-        self._awake: str | None = None
-        self._between_done = False
         self.total = 0  # the budget of ``steps``
         self.outcome = BUDGET
         self._looping = False  # ``steps`` has begun: a lost trainer rank restarts the trainer
@@ -161,16 +149,11 @@ class Run(TrainedGroups):
         unknown = [name for name in placed if name not in components]
         strays = [*unknown, *(name for name in components if name not in placed)]
         if strays:
-            hint = did_you_mean(strays[0], components) if unknown else ""
-            raise PlacementError(
-                f"{'unknown' if unknown else 'missing'} component {strays[0]!r}"
-                + (f"; {hint}" if hint else ""),
-                where="cluster.component_placement",
-                expected=f"the {self.job.title} job's components: " + ", ".join(components),
-            )
-        counts = config.simulate or (
-            config.num_gpus_per_node if config.num_gpus_per_node is not None else None
-        )
+            kind, hint = ("unknown", did_you_mean(strays[0], components)) if unknown else ("missing", "")
+            problem = f"{kind} component {strays[0]!r}" + (f"; {hint}" if hint else "")
+            expected = f"the {self.job.title} job's components: " + ", ".join(components)
+            raise PlacementError(problem, where="cluster.component_placement", expected=expected)
+        counts = config.simulate or config.num_gpus_per_node
         if counts is not None:
             ComponentPlacement({"cluster": config}, ClusterSpec.from_config(config, counts))
 
@@ -178,8 +161,7 @@ class Run(TrainedGroups):
     def execute(self) -> RunResult:
         """Place, launch, iterate; always release what was started (see the module docstring)."""
         started = time.perf_counter()
-        job, state = self.job, self.state
-        self.result = result = RunResult(job, self.output, resumed_from=state.iteration)
+        job, state, result = self.job, self.state, self.result
         if self.ended is not None:  # nothing left: say so, start nothing
             self.out.log.close()
             result.outcome, result.ended_by = ENDED, self.ended
@@ -189,7 +171,9 @@ class Run(TrainedGroups):
             self.placement = ComponentPlacement(self.cfg, self.cluster)
             for warning in self.placement.memory_warnings:  # cluster.memory_check: warn
                 self.console.print(Text.assemble(("warning: ", "yellow"), warning), soft_wrap=True)
-            self._reserve(result)
+            with self.console.status("reserving the layout"):
+                self.layout = Layout(self.cluster, self.placement, job.components)
+            self.out.plan(self.cluster, self.placement, self.layout)
             job.check(self)
             with self._ctrl_c.watching():
                 self._loop()
@@ -207,15 +191,19 @@ class Run(TrainedGroups):
         finally:
             with sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
                 self._end_open_batches()
-                self._release(result)
+                if self.turns is not None:
+                    result.switches = self.turns.summary()
+                    result.phases = [(p.component, p.action) for p in self.turns.phases]
+                    self.turns.close()
+                for group in reversed(self._groups):  # every worker and the placement group released
+                    group.shutdown()
+                if self.layout is not None:
+                    self.layout.release()
+                if self._given_cluster is None and self.cluster is not None:
+                    self.cluster.shutdown()
                 result.wall_s = time.perf_counter() - started
-                self.out.end(result, self.cfg.get("name") or "")
+                self.out.end(self.cfg.get("name") or "")
         return result
-
-    def _reserve(self, result: RunResult) -> None:
-        with self.console.status("reserving the layout"):
-            self.layout = Layout(self.cluster, self.placement, self.job.components)
-        self.out.plan(self.cluster, self.placement, self.layout, result)
 
     def _loop(self) -> None:
         """``job.loop``; again after each trainer restart, which rewinds to the last checkpoint."""
@@ -228,6 +216,28 @@ class Run(TrainedGroups):
                     raise
                 self._restart_trainer(loss)
 
+    def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
+        """Bring every trained group back from the last checkpoint (or its start), the weights
+        served above the last version (``_new_trainer``); drop what was in flight (made with the
+        lost trainer's weights); rewind the state, the metrics and the ledger to that checkpoint:
+        the iterations since are redone."""
+        for pending in self.in_flight:
+            with contextlib.suppress(WorkerGroupError):
+                pending.call.wait()
+        self.in_flight.clear()
+        payloads, saved = self._last_checkpoint
+        back_to = int(saved["iteration"]) if saved is not None else 0
+        detail = f"from the checkpoint of {self.job.unit} {back_to}" if saved else "from its start"
+        restarts = [self._new_trainer(name, loss, payloads.get(name), detail) for name in list(self.trainers)]
+        self.state.served_versions.append(self.served_version)
+        self.state.rewind(saved)
+        self.out.log.rewind(back_to)
+        self.staged_version = None
+        if self._awake is not None:  # the restarted trainer came back asleep
+            self.wake(self._awake)
+        for restart in restarts:
+            self._event(restart, restart.took_s, restored_iteration=back_to)
+
     def steps(self, total: int) -> Iterator[Step]:
         """One ``Step`` per iteration until ``state.iteration`` reaches ``total`` (or the job's
         target): the job's loop body makes one update per step (``step.train``). Around each
@@ -237,10 +247,8 @@ class Run(TrainedGroups):
         self.total = total
         if not self._looping:
             self._looping = True
-            if self.supervisor is None:
-                self.supervise()
-            if self.layout is not None:
-                self.out.placed(self.placement, self.layout, self.result, self._groups, self.cluster.logs_dir)
+            self.supervise()  # unless the job did
+            self.out.placed(self._groups)
             self.state.served_versions.append(self.served_version)
             self.out.begin(total, self.state.iteration)
         self.clock = time.perf_counter()
@@ -249,10 +257,9 @@ class Run(TrainedGroups):
             self._between_done = False  # ``between_batches`` runs at this step's first commit
             yield step
             if not step.trained:
-                raise ContractError(
-                    f"step {step.number} ended without step.train(...) of {', '.join(step.waiting_for())}: "
-                    "each step makes one update per trained group (with no batches when none is left)"
-                )
+                rule = "each step makes one update per trained group (with no batches when none is left)"
+                waiting = ", ".join(step.waiting_for())
+                raise ContractError(f"step {step.number} ended without step.train(...) of {waiting}: {rule}")
             self._tick()  # what the step did after its update (an evaluation) counts too
             record = self._standard_record() | step.record
             self.out.step(record)
@@ -260,7 +267,8 @@ class Run(TrainedGroups):
                 self.on_iteration(record)
             if self._ctrl_c.pressed:  # its KeyboardInterrupt was swallowed somewhere: stop here
                 raise KeyboardInterrupt
-            if self.job.stop_at_target and self._reached(record):
+            target, value = self.job.target(), record.get(self.job.target_key)
+            if self.job.stop_at_target and target is not None and value is not None and value >= target:
                 self.outcome = TARGET
                 break
         else:
@@ -275,48 +283,27 @@ class Run(TrainedGroups):
         for device in planned.memory if planned is not None else ():
             for held in device.held:
                 predicted[held.component] = max(held.total, predicted.get(held.component, 0))
-        for group in self._groups:
-            if group.name in predicted:
-                action = "reading its peak memory"
-                peaks = group.call(HostMethods.rlinfra_run, args=(memory_peak,), action=action).wait()
-                kind = "device" if "device" in peaks[0] else "rss"
-                measured = [peak.get(kind, peak["rss"]) for peak in peaks]
-                self.result.memory[group.name] = self.out.memory(
-                    group.name, predicted[group.name], measured, kind
-                )
+        for group in [group for group in self._groups if group.name in predicted]:
+            action = "reading its peak memory"
+            peaks = group.call(HostMethods.rlinfra_run, args=(memory_peak,), action=action).wait()
+            kind = "device" if "device" in peaks[0] else "rss"
+            measured = [peak.get(kind, peak["rss"]) for peak in peaks]
+            self.out.memory(group.name, predicted[group.name], measured, kind)
 
     def _standard_record(self) -> dict[str, Any]:
         """What every iteration's record has: progress, versions, the weight barrier's times."""
         record: dict[str, Any] = {
-            "iteration": self.state.iteration,
-            "time_s": round(self.state.training_s, 3),
-            "learner_version": self.learner_version,
-            "served_version": self.served_version,
-        } | {key: round(value, 5) for key, value in self.sync_s.items()}
+            "iteration": self.state.iteration, "time_s": round(self.state.training_s, 3),
+            "learner_version": self.learner_version, "served_version": self.served_version,
+        } | {key: round(value, 5) for key, value in self.sync_s.items()}  # fmt: skip
         if self._probe is not None:
             record["logprob_mismatch"] = self.logprob_mismatch
         return record
-
-    def _reached(self, record: dict[str, Any]) -> bool:
-        target, value = self.job.target(), record.get(self.job.target_key)
-        return target is not None and value is not None and value >= target
 
     def _end_open_batches(self) -> None:
         """Batches in flight when the run ends are never trained on: each id ends, as dropped."""
         self.in_flight.clear()
         self.state.ledger.dropped(self.state.ledger.open_ids)
-
-    def _release(self, result: RunResult) -> None:
-        if self.turns is not None:
-            result.switches = self.turns.summary()
-            result.phases = [(p.component, p.action) for p in self.turns.phases]
-            self.turns.close()
-        for group in reversed(self._groups):
-            group.shutdown()
-        if self.layout is not None:
-            self.layout.release()
-        if self._given_cluster is None and self.cluster is not None:
-            self.cluster.shutdown()
 
     # ------------------------------------------------------------------------------ launch
     def launch(self, name: str, group: WorkerGroup, *, max_concurrency: int = 1) -> WorkerGroup:
@@ -328,22 +315,17 @@ class Run(TrainedGroups):
         running = next((g for g in self._groups if g.name == name), None)
         if running is not None:
             return running
+        settings, strategy = self.settings, self.placement.get_strategy(name)
         with self.console.status(f"starting {name}"):
             launched = group.launch(
-                self.cluster,
-                self.placement.get_strategy(name),
-                name=name,
-                layout=self.layout,
-                launch_timeout=self.settings.launch_timeout_s,
-                call_timeout=self.settings.call_timeout_s,
-                max_concurrency=max_concurrency,
-            )
+                self.cluster, strategy, name=name, layout=self.layout, max_concurrency=max_concurrency,
+                launch_timeout=settings.launch_timeout_s, call_timeout=settings.call_timeout_s,
+            )  # fmt: skip
         self._groups.append(launched)
         if issubclass(launched.worker_cls, WeightReceiver):
             if self._receivers is not None:
-                raise ContractError(
-                    f"{name} and {self._receivers.name} both receive weights; a run has one receiving group"
-                )
+                pair = f"{name} and {self._receivers.name}"
+                raise ContractError(f"{pair} both receive weights; a run has one receiving group")
             self._receivers = launched
         self._connect_weights()
         return launched
@@ -375,10 +357,8 @@ class Run(TrainedGroups):
         share, or a ``JobConfigError`` naming ``key`` when it does not divide."""
         ranks = self.placement.get_world_size(component)
         if total % ranks:
-            raise JobConfigError(
-                f"{key}: {total} cannot be split evenly over {ranks} {component} workers; "
-                f"expected a multiple of {ranks}"
-            )
+            problem = f"{total} cannot be split evenly over {ranks} {component} workers"
+            raise JobConfigError(problem, where=key, expected=f"a multiple of {ranks}")
         return total // ranks
 
     def batches(
@@ -422,8 +402,7 @@ class Run(TrainedGroups):
     def _event(self, restart: Restart, served_after_s: float, **extra: Any) -> None:
         """A survived fault: a console line, a metrics event, an entry of ``summary.json``."""
         self.state.events.append(self.out.event(restart, self.state.iteration, served_after_s, **extra))
-        if self.layout is not None:  # the new process ids
-            self.out.placed(self.placement, self.layout, self.result, self._groups, self.cluster.logs_dir)
+        self.out.placed(self._groups)  # the new process ids
 
     # ---------------------------------------------------------------------- updates, weights
     def record_update(self, batch_ids: Iterable[str]) -> None:

@@ -4,8 +4,6 @@ A job with more settings subclasses ``RunSettings`` (a ``Section``: pydantic che
 ranges; a subclass may declare a field again to narrow it); ``Run`` reads only these fields.
 """
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

@@ -5,8 +5,6 @@ Ray's own driver handler turns it into ``sys.exit(15)`` in the middle of whateve
 prints a traceback, skips the job's cleanup and can abort the interpreter at exit.
 """
 
-from __future__ import annotations
-
 import contextlib
 import signal
 from collections.abc import Iterator

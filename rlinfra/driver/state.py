@@ -7,8 +7,6 @@ them when the trainer is restarted from a checkpoint. The rest (the record of ve
 and recoveries) is this process's, never rewound: it is what the run did.
 """
 
-from __future__ import annotations
-
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field

@@ -27,21 +27,18 @@ if TYPE_CHECKING:
     from .run import Run
 
 
+@dataclasses.dataclass(eq=False)
 class BatchStream:
     """Batches made by every rank of ``group`` with ``method(batch_id, *args(rank))``, one call at
     a time; each returns a ``Batch`` stamped with its id and the weight version that made it.
     ``args`` is evaluated once per call, when it is issued: a batch made again (its maker died)
-    is made from the same arguments."""
+    is made from the same arguments. ``pending``: the call in flight, once issued."""
 
-    def __init__(
-        self,
-        steps: SupervisedSteps,
-        group: WorkerGroup,
-        method: Callable[..., Any],
-        args: Callable[[int], tuple[Any, ...]],
-    ) -> None:
-        self.steps, self.group, self.method, self.args = steps, group, method, args
-        self.pending: Pending | None = None
+    steps: SupervisedSteps
+    group: WorkerGroup
+    method: Callable[..., Any]
+    args: Callable[[int], tuple[Any, ...]]
+    pending: Pending | None = None
 
     @property
     def name(self) -> str:
@@ -52,9 +49,9 @@ class BatchStream:
         """Start the next batches; a second issue before ``gather`` is refused."""
         if self.pending is not None and self.pending in self.steps.in_flight:
             raise ContractError(f"{self.name} is already in flight; gather() its batches first")
-        per_rank = {rank: self.args(rank) for rank in self.group.ranks}
+        args = {rank: self.args(rank) for rank in self.group.ranks}
         self.pending = self.steps.generate(
-            self.group, self.method, lambda rank, batch_id: (batch_id, *per_rank[rank])
+            self.group, self.method, lambda rank, batch_id: (batch_id, *args[rank])
         )
 
     def gather(self) -> list[Batch]:
@@ -123,12 +120,11 @@ class Step:
                 run.lost(lost)
                 kept, update = [b for b in kept if b not in lost], None
         self.updates[name] = update
+        if update is not None and name == run.settings.trainer:
+            run.stage(update.version)
         if update is not None:
-            if name == run.settings.trainer:
-                run.stage(update.version)
-                self.log(**update.metrics)
-            else:
-                self.log(**{f"{name}_{key}": value for key, value in update.metrics.items()})
+            prefix = "" if name == run.settings.trainer else f"{name}_"  # another group's, under its name
+            self.log(**{prefix + key: value for key, value in update.metrics.items()})
         if not self.waiting_for():
             self.trained = True
             done = (batch_id for u in self.updates.values() if u is not None for batch_id in u.batch_ids)

@@ -18,8 +18,6 @@ The trainer's restart from its checkpoint (a lost trainer rank: ``UnsupervisedLo
 ``Run``'s: it rewinds the driver with it.
 """
 
-from __future__ import annotations
-
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -60,7 +58,7 @@ class SupervisedSteps:
     recovery is appended to its ``recoveries`` before ``after_heal()`` runs) and ``in_flight``
     (the batches being made)."""
 
-    supervisor: Supervisor | None
+    supervisor: Supervisor | None = None
     state: RunState
     in_flight: list[Pending]
 
@@ -87,10 +85,7 @@ class SupervisedSteps:
                 self.heal(error)
 
     def generate(
-        self,
-        group: WorkerGroup,
-        method: Callable[..., Any],
-        args: Callable[[int, str], tuple[Any, ...]],
+        self, group: WorkerGroup, method: Callable[..., Any], args: Callable[[int, str], tuple[Any, ...]]
     ) -> Pending:
         """Every rank of ``group`` calls ``method(*args(rank, batch_id))`` to make one batch, under a
         batch id issued now; ``gather`` collects them."""

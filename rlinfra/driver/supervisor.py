@@ -24,8 +24,6 @@ Groups it does not supervise (a data-parallel trainer) are reported as ``Unsuper
 the caller to handle, e.g. by restarting the trainer from its checkpoint.
 """
 
-from __future__ import annotations
-
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,8 +39,7 @@ class UnsupervisedLoss(RuntimeError):
     """Ranks of a group the supervisor does not replace are gone; ``gone`` maps group → ranks."""
 
     def __init__(self, gone: Mapping[str, list[int]], cause: BaseException) -> None:
-        self.gone = dict(gone)
-        self.cause = cause
+        self.gone, self.cause = dict(gone), cause
         named = "; ".join(f"{group} rank(s) {ranks}" for group, ranks in self.gone.items())
         super().__init__(f"lost {named}, which are not replaced in place\n{cause}")
 
@@ -86,24 +83,21 @@ class Supervisor:
                     changed.setdefault(name, set()).update(ranks)
                 try:
                     self._bring_back(gone, recovery, fault)
+                    gone = self._gone(cause)
                 except (WorkerGroupError, WeightSyncError) as second:
                     gone, fault = self._gone(second), second  # who died meanwhile; nobody: it stands
                     if not gone:
                         raise
-                    continue
-                gone = self._gone(cause)
         recovery.took_s = time.monotonic() - started
         recovery.finished_at, recovery.finished_monotonic = time.time(), time.monotonic()
         return recovery
 
     def _gone(self, cause: BaseException) -> dict[str, list[int]]:
         """Gone ranks of the supervised groups by name; ``UnsupervisedLoss`` for watched ones."""
-        lost = {group.name: group.gone_ranks() for group in self.watched}
-        lost = {name: ranks for name, ranks in lost.items() if ranks}
+        lost = {group.name: ranks for group in self.watched if (ranks := group.gone_ranks())}
         if lost:
             raise UnsupervisedLoss(lost, cause) from cause
-        gone = {group.name: group.gone_ranks() for group in self.groups}
-        return {name: ranks for name, ranks in gone.items() if ranks}
+        return {group.name: ranks for group in self.groups if (ranks := group.gone_ranks())}
 
     def _bring_back(self, gone: dict[str, list[int]], recovery: Recovery, fault: BaseException) -> None:
         """Replace (or, in a shrinkable group, drop when unreplaceable) the gone ranks, each for

@@ -1,30 +1,26 @@
 """The trained groups' lifecycle: each launched with its rendezvous and restored from its own
 payload of the checkpoint, every group checkpointed together with the driver's state, and, when a
-rank of any is lost, all restarted from the last checkpoint with the run rewound to it.
+rank of any is lost, each restarted from the last checkpoint (``_new_trainer``; ``Run`` rewinds
+the run to it).
 
 A mixin of ``Run`` (as ``WeightVersions`` is), for what it needs of the run: launching into the
-layout (``launch``), the time-sharing turns (``turns``, ``wake``) and what is shown (``out``,
-``_event``).
+layout (``launch``) and the time-sharing turns (``turns``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rlinfra.driver.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.driver.supervisor import UnsupervisedLoss
 from rlinfra.placement import ComponentPlacement
-from rlinfra.runtime.errors import WorkerGroupError
 from rlinfra.runtime.group import WorkerGroup
 from rlinfra.runtime.rendezvous import bring_up
 from rlinfra.runtime.supervision import REFUSED, RESTARTED, Restart, RestartBudget, RestartBudgetExhausted
 from rlinfra.runtime.timesharing import TimeSharing
 
-from .outputs import RunOutputs
 from .trainer import check_trainer
 from .versions import WeightVersions
 
@@ -44,19 +40,14 @@ class TrainedGroups(WeightVersions):
     (none: the start)."""
 
     job: Job
-    output: Path
     store: CheckpointStore
     placement: ComponentPlacement
-    out: RunOutputs
-    turns: TimeSharing | None
-    _awake: str | None
+    turns: TimeSharing | None = None
     _groups: list[WorkerGroup]
     trainers: dict[str, WorkerGroup]
     _restart_with: dict[str, tuple[StartTrainer, RestartBudget]]
     _last_checkpoint: tuple[dict[str, bytes], dict[str, Any] | None]
     launch: Callable[..., WorkerGroup]
-    wake: Callable[[str], float]
-    _event: Callable[..., None]
 
     def start_trainer(
         self, make: Callable[[], WorkerGroup], component: str | None = None, *, backend: str = "gloo"
@@ -106,41 +97,16 @@ class TrainedGroups(WeightVersions):
         ``name`` (``what`` says what names it, for the message)."""
         payloads, saved = self._last_checkpoint
         if saved is not None and name not in payloads:
-            raise CheckpointError(
-                f"--resume: the checkpoint in {self.output / 'checkpoints'} holds the state of "
-                f"{', '.join(map(repr, payloads))}, not of {what} {name!r}"
-            )
+            held = f"--resume: the checkpoint in {self.store.root} holds the state of"
+            raise CheckpointError(f"{held} {', '.join(map(repr, payloads))}, not of {what} {name!r}")
 
     def checkpoint(self) -> None:
         """Save every trained group's state and the driver's (atomically); a restart goes back to it."""
-        payloads = {
-            name: self.job.trainer_state(cast("Run", self), group) for name, group in self.trainers.items()
-        }
+        run = cast("Run", self)
+        payloads = {name: self.job.trainer_state(run, group) for name, group in self.trainers.items()}
         saved = self.state.checkpointed()
         self._last_checkpoint = (payloads, saved)
         self.store.save(self.state.iteration, payloads, saved)
-
-    def _restart_trainer(self, loss: UnsupervisedLoss) -> None:
-        """Bring every trained group back from the last checkpoint (or its start), the weights
-        served above the last version (``_new_trainer``); drop what was in flight (made with the
-        lost trainer's weights); rewind the state, the metrics and the ledger to that checkpoint:
-        the iterations since are redone."""
-        for pending in self.in_flight:
-            with contextlib.suppress(WorkerGroupError):
-                pending.call.wait()
-        self.in_flight.clear()
-        payloads, saved = self._last_checkpoint
-        back_to = int(saved["iteration"]) if saved is not None else 0
-        detail = f"from the checkpoint of {self.job.unit} {back_to}" if saved else "from its start"
-        restarts = [self._new_trainer(name, loss, payloads.get(name), detail) for name in list(self.trainers)]
-        self.state.served_versions.append(self.served_version)
-        self.state.rewind(saved)
-        self.out.log.rewind(back_to)
-        self.staged_version = None
-        if self._awake is not None:  # the restarted trainer came back asleep
-            self.wake(self._awake)
-        for restart in restarts:
-            self._event(restart, restart.took_s, restored_iteration=back_to)
 
     def _new_trainer(
         self, name: str, loss: UnsupervisedLoss, checkpoint: bytes | None, restored_from: str

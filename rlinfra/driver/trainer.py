@@ -5,8 +5,6 @@ is the run's rule (``RunState.published``: above the version served after a rest
 trainer needs to know about restarts. What it returns from an update is an ``Update``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,14 +49,11 @@ def check_trainer(worker_cls: type, component: str, *, publishes: bool = True) -
     missing = (
         [] if issubclass(worker_cls, WeightSender) or not publishes else ["WeightSender among its bases"]
     )
-    needed = (
-        TRAINER_METHODS if publishes else {k: v for k, v in TRAINER_METHODS.items() if k != "weights_state"}
-    )
-    for name, what in needed.items():
+    for name, what in TRAINER_METHODS.items():
         method = getattr(worker_cls, name, None)
-        if not callable(method) or method in (getattr(WeightSender, name, None), getattr(Trainer, name)):
+        placeholder = method in (getattr(WeightSender, name, None), getattr(Trainer, name))
+        if (publishes or name != "weights_state") and (placeholder or not callable(method)):
             missing.append(what)
     if missing:
-        raise TrainerContractError(
-            f"{worker_cls.__name__}, the trainer ({component!r}), lacks: " + "; ".join(missing)
-        )
+        lacks = "; ".join(missing)
+        raise TrainerContractError(f"{worker_cls.__name__}, the trainer ({component!r}), lacks: {lacks}")

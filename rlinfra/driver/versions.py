@@ -7,8 +7,6 @@ A mixin of ``Run`` (as ``SupervisedSteps`` is): every barrier step is retried af
 replaced; the trainer's probe log-probs are a trainer call.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any
 
@@ -27,16 +25,16 @@ class WeightVersions(SupervisedSteps):
     cleared (once a step)."""
 
     settings: RunSettings
-    trainer: WorkerGroup
-    sync: WeightSync | None
-    _receivers: WorkerGroup | None  # the group that gets the trainer's weights
-    _first_version: int | None  # the trainer's, as start_trainer published it
-    staged_version: int | None  # trained and staged on the receivers, not yet served
+    trainer: WorkerGroup = None  # type: ignore[assignment]  # start_trainer sets it
+    sync: WeightSync | None = None
+    _receivers: WorkerGroup | None = None  # the group that gets the trainer's weights
+    _first_version: int | None = None  # the trainer's, as start_trainer published it
+    staged_version: int | None = None  # trained and staged on the receivers, not yet served
     sync_s: dict[str, float]  # the last stage's and commit's times
-    _probe: LogprobProbe | None
-    logprob_mismatch: float | None  # the probe's, at the last committed version
+    _probe: LogprobProbe | None = None
+    logprob_mismatch: float | None = None  # the probe's, at the last committed version
     between_batches: Callable[[Any], None] | None
-    _between_done: bool
+    _between_done = False
 
     def _connect_weights(self) -> None:
         """The weight barrier from the trainer to the receiving group, once both run."""
@@ -46,12 +44,9 @@ class WeightVersions(SupervisedSteps):
         weights = trainer.execute_on(0).weights_state().wait()[0]
         receivers.set_initial_weights(weights, self._first_version).wait()
         self.sync = WeightSync(
-            trainer,
-            receivers,
-            transport=self.settings.transport,
-            initial_version=self._first_version,
+            trainer, receivers, transport=self.settings.transport, initial_version=self._first_version,
             step_timeout_s=self.settings.call_timeout_s,
-        )
+        )  # fmt: skip
 
     @property
     def served_version(self) -> int:
@@ -71,10 +66,8 @@ class WeightVersions(SupervisedSteps):
             return
         version = self.state.published(trained)
         if self.staged_version is not None and self.staged_version != version:
-            raise ContractError(
-                f"version {self.staged_version}, staged by the last update, was never served: "
-                "run.commit() it between batches before the next update"
-            )
+            unserved = f"version {self.staged_version}, staged by the last update, was never served"
+            raise ContractError(f"{unserved}: run.commit() it between batches before the next update")
         sync, probe = self.sync, self._probe
         self.sync_s["prepare_s"] = self.supervised(lambda: sync.staged_or_prepare(version)).prepare_s
         self.staged_version = version

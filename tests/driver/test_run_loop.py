@@ -18,7 +18,7 @@ from rlinfra.driver import Batch, ContractError, Job, Update
 from rlinfra.driver.checkpoints import CheckpointError, CheckpointStore
 from rlinfra.driver.failure_report import failed_ranks
 from rlinfra.driver.metrics import read_events, read_metrics
-from rlinfra.driver.result import BUDGET, TARGET, RunResult
+from rlinfra.driver.result import BUDGET, TARGET
 from rlinfra.driver.run import Run
 from rlinfra.driver.settings import RunSettings
 from rlinfra.driver.steps import Step
@@ -469,8 +469,8 @@ def test_the_closing_line_gives_the_first_crossing_its_own_iteration_and_time(tm
     loop.stop_at_target = False  # trains on past the target: the crossing is not the last iteration
     run._loop()
     finish(run)
-    result = RunResult(loop, tmp_path)
-    run.out.end(result, "first crossing")
+    run.out.end("first crossing")
+    result = run.result
     crossing = next(r for r in read_metrics(tmp_path) if r.get("score", 0) >= 2.0)
     assert (result.iterations_to_target, result.time_to_target_s) == (2, crossing["time_s"])
     assert result.report().startswith(
