@@ -21,30 +21,14 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _RUNTIME_NAMES = (
-    "Cluster",
-    "ClusterError",
-    "GroupCall",
-    "Layout",
-    "RankFailure",
-    "ReservationError",
-    "TimeShared",
-    "TimeSharing",
-    "Worker",
-    "WorkerAddress",
-    "WorkerGroup",
-    "WorkerGroupError",
-    "fuse",
-)
+    "Cluster", "ClusterError", "GroupCall", "Layout", "RankFailure", "ReservationError", "TimeShared",
+    "TimeSharing", "Worker", "WorkerAddress", "WorkerGroup", "WorkerGroupError", "fuse",
+)  # fmt: skip
 
 _PLACEMENT_NAMES = (
-    "ComponentPlacement",
-    "FlexiblePlacementStrategy",
-    "NodePlacementStrategy",
-    "PackedPlacementStrategy",
-    "Placement",
-    "PlacementError",
-    "PlacementStrategy",
-)
+    "ComponentPlacement", "FlexiblePlacementStrategy", "NodePlacementStrategy", "PackedPlacementStrategy",
+    "Placement", "PlacementError", "PlacementStrategy",
+)  # fmt: skip
 
 # What a worker class of a job mixes in to send or receive weight versions.
 _WEIGHT_ROLES = ("EngineReceiver", "WeightReceiver", "WeightSender", "WeightsView")

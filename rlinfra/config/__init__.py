@@ -21,13 +21,6 @@ _SCHEMA_NAMES = ("Section", "parse", "parse_config")
 __getattr__ = lazy_exports(__name__, dict.fromkeys(_SCHEMA_NAMES, "rlinfra.config.schema"))
 
 __all__ = [
-    "ConfigError",
-    "JobConfigError",
-    "Section",
-    "Span",
-    "did_you_mean",
-    "parse",
-    "parse_config",
-    "reject_unknown",
-    "to_plain",
-]
+    "ConfigError", "JobConfigError", "Section", "Span", "did_you_mean", "parse", "parse_config",
+    "reject_unknown", "to_plain",
+]  # fmt: skip

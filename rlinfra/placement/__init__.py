@@ -37,12 +37,9 @@ _NAMES_BY_MODULE = {
     "node_groups": ("CLUSTER_GROUP", "NODE_GROUP", "EnvConfig", "HardwareUnit", "NodeGroup", "NodeSpec"),
     "record": ("VISIBILITY_ENV", "Placement"),
     "strategies": (
-        "FlexiblePlacementStrategy",
-        "NodePlacementStrategy",
-        "PackedPlacementStrategy",
-        "PlacementStrategy",
+        "FlexiblePlacementStrategy", "NodePlacementStrategy", "PackedPlacementStrategy", "PlacementStrategy"
     ),
-}
+}  # fmt: skip
 _EXPORTS = {name: f"{__name__}.{module}" for module, names in _NAMES_BY_MODULE.items() for name in names}
 
 __all__ = sorted(_EXPORTS)

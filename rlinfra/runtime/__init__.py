@@ -7,21 +7,13 @@ everything else is imported from its module (``rlinfra.runtime.timesharing.Switc
 
 from rlinfra.lazy_exports import lazy_exports
 
-_EXPORTS = {
-    "Cluster": "rlinfra.runtime.cluster",
-    "ClusterError": "rlinfra.runtime.errors",
-    "GroupCall": "rlinfra.runtime.calls",
-    "Layout": "rlinfra.runtime.layout",
-    "RankFailure": "rlinfra.runtime.errors",
-    "ReservationError": "rlinfra.runtime.layout",
-    "Worker": "rlinfra.runtime.worker",
-    "WorkerAddress": "rlinfra.runtime.address",
-    "WorkerGroup": "rlinfra.runtime.group",
-    "WorkerGroupError": "rlinfra.runtime.errors",
-    "fuse": "rlinfra.runtime.fused",
-    "TimeShared": "rlinfra.runtime.timeshared",
-    "TimeSharing": "rlinfra.runtime.timesharing",
-}
+_NAMES_BY_MODULE = {
+    "cluster": ("Cluster",), "errors": ("ClusterError", "RankFailure", "WorkerGroupError"),
+    "calls": ("GroupCall",), "layout": ("Layout", "ReservationError"), "worker": ("Worker",),
+    "address": ("WorkerAddress",), "group": ("WorkerGroup",), "fused": ("fuse",),
+    "timeshared": ("TimeShared",), "timesharing": ("TimeSharing",),
+}  # fmt: skip
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in _NAMES_BY_MODULE.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

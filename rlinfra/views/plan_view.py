@@ -44,19 +44,9 @@ WITHHELD = "(withheld: looks like a credential; use cluster.secrets)"
 LAUNCH_TIME_ENV = {"MASTER_ADDR": "(rank 0's node address, set at launch)", "MASTER_PORT": "(set at launch)"}
 
 _PALETTE = (
-    "cyan",
-    "magenta",
-    "green",
-    "yellow",
-    "bright_blue",
-    "red",
-    "bright_magenta",
-    "bright_green",
-    "bright_cyan",
-    "bright_yellow",
-    "bright_red",
-    "blue",
-)
+    "cyan", "magenta", "green", "yellow", "bright_blue", "red", "bright_magenta", "bright_green",
+    "bright_cyan", "bright_yellow", "bright_red", "blue",
+)  # fmt: skip
 
 
 def component_colors(names: Sequence[str]) -> dict[str, str]:
