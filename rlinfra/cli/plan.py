@@ -2,8 +2,7 @@
 
 The command only wires things together: load the config, decide how many accelerators each node
 has (``--nodes``, else ``cluster.simulate``, else 8 per node), build the same ``ClusterSpec`` and
-``ComponentPlacement`` a live launch would, and hand them to the view. ``--env COMPONENT`` shows
-one process's environment instead, composed as a launch composes it. User mistakes (config,
+``ComponentPlacement`` a live launch would, and hand them to the view. User mistakes (config,
 placement, ``--nodes``, an unknown component) exit with status 2 and a message; a valid plan that
 some node cannot hold (``--cpus``) is printed, then exits with status 1 naming the nodes; anything
 else is a bug and keeps its traceback.
@@ -22,17 +21,13 @@ from rlinfra.placement import (
     ClusterConfig,
     ClusterSpec,
     ComponentPlacement,
-    PlacementError,
     parse_cluster_config,
 )
 from rlinfra.placement.config import DEFAULT_SIMULATED_CPUS, parse_nodes_spec
-from rlinfra.runtime.env import WorkerEnvs
 from rlinfra.views.layout_view import plan_job_layout
 from rlinfra.views.node_view import node_loads, overload_message, overloaded, parse_cpus
 from rlinfra.views.plan_view import (
     dumps_plan,
-    env_table,
-    env_to_dict,
     plan_to_dict,
     render_plan,
     save_map_svg,
@@ -87,15 +82,6 @@ def plan(
     show_all: Annotated[
         bool, typer.Option("--all", help="Show every rank and every node (no truncation).")
     ] = False,
-    env: Annotated[
-        str | None,
-        option(
-            "--env",
-            metavar="COMPONENT",
-            help="Show the environment of one process of COMPONENT, each value with its source.",
-        ),
-    ] = None,
-    rank: Annotated[int, typer.Option("--rank", min=0, help="With --env: which rank of the component.")] = 0,
 ) -> None:
     """Show where every process would run: a table per strategy, a node × device map and the layout.
 
@@ -110,9 +96,6 @@ def plan(
         placement = ComponentPlacement({"cluster": cluster}, spec)
         layout = plan_job_layout(placement)
         loads = node_loads(layout, spec.num_nodes, _node_cpus(cpus, cluster))
-        if env is not None:
-            _show_env(placement, env, rank, as_json)
-            return
         if svg is not None:
             # Before any output, so an unwritable path fails cleanly instead of after half a plan.
             try:
@@ -139,25 +122,6 @@ def _node_cpus(cpus: str | None, config: ClusterConfig) -> list[int] | None:
     if config.simulate is not None:
         return [config.simulate_cpus or DEFAULT_SIMULATED_CPUS] * config.num_nodes
     return None
-
-
-def _show_env(placement: ComponentPlacement, component: str, rank: int, as_json: bool) -> None:
-    """The environment of ``component``'s rank ``rank``, as ``WorkerGroup.launch`` composes it."""
-    records = placement.get_placements(component, where="--env")
-    if rank >= len(records):
-        raise PlacementError(f"{component!r} has ranks 0-{len(records) - 1}", where="--rank")
-    record = records[rank]
-    resolved = WorkerEnvs(
-        placement.cluster_spec,
-        component_env=placement.get_env_vars(component),
-        component=component,
-        env_allowlist=placement.config.env_allowlist,
-    ).of(record)
-    secrets = placement.config.secrets
-    if as_json:
-        typer.echo(dumps_plan(env_to_dict(component, record, resolved, secrets)))
-    else:
-        make_console().print(env_table(component, record, resolved, secrets))
 
 
 def accelerator_counts(config: ClusterConfig, nodes: str | None, notes: Console) -> int | list[int]:

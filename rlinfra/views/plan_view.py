@@ -1,5 +1,5 @@
-"""Showing a resolved plan: rich tables per strategy, the node × device map, the layout, JSON, SVG,
-and (``--env``) one process's environment with the source of every value.
+"""Showing a resolved plan: rich tables per strategy, the node × device map, the layout, JSON and
+SVG.
 
 Big plans stay readable and fast: tables show the first and last ranks and the map the first
 nodes unless the caller asks for everything, so planning 1,000 nodes does not print 8,000 rows.
@@ -29,19 +29,13 @@ from rlinfra.views.node_view import NodeLoad, nodes_table, nodes_to_dict
 from rlinfra.views.tables import make_console, titled_table
 
 if TYPE_CHECKING:
-    from rlinfra.placement.secret_specs import SecretSpec
     from rlinfra.runtime.bundles import LayoutPlan
-    from rlinfra.runtime.env import ResolvedEnv
 
 HEAD_ROWS = 16
 TAIL_ROWS = 4
 MAP_NODES = 32
 MAX_SVG_WIDTH = 400
 JSON_INDENT = "  "
-HIDDEN_SECRET = "(secret: not shown)"
-WITHHELD = "(withheld: looks like a credential; use cluster.secrets)"
-# Set once rank 0 holds its rendezvous port, so a plan can only say where they come from.
-LAUNCH_TIME_ENV = {"MASTER_ADDR": "(rank 0's node address, set at launch)", "MASTER_PORT": "(set at launch)"}
 
 _PALETTE = (
     "cyan", "magenta", "green", "yellow", "bright_blue", "red", "bright_magenta", "bright_green",
@@ -222,46 +216,3 @@ def _hardware_text(row: NodeRow, colors: dict[str, str]) -> Text:
         Text.assemble(f"{unit.type}{unit.index}: ", _occupants_text(users, colors, "; ") if users else idle)
         for unit, users in row.hardware.items()
     )
-
-
-def env_rows(env: ResolvedEnv, secrets: Sequence[SecretSpec]) -> list[tuple[str, str, str]]:
-    """``(name, value, source)`` for every variable a process gets, sorted by name; secrets and
-    withheld variables by name only, never by value."""
-    rows = [(name, value, env.sources[name]) for name, value in env.values.items()]
-    rows += [(name, value, "rlinfra") for name, value in LAUNCH_TIME_ENV.items() if name not in env.values]
-    exposed = {spec.name: spec for spec in secrets if spec.expose_as_env}
-    rows += [(name, WITHHELD, "driver") for name in env.withheld if name not in exposed]
-    rows += [(name, HIDDEN_SECRET, f"secret ({spec.describe()})") for name, spec in exposed.items()]
-    return sorted(rows)
-
-
-def env_table(component: str, record: Placement, env: ResolvedEnv, secrets: Sequence[SecretSpec]) -> Table:
-    """NAME | VALUE | SOURCE for one process; the caption says what a plan cannot know."""
-    title = Text.assemble(
-        ("Environment of ", "bold"),
-        (f"{component} rank {record.rank}", "bold"),
-        f" · node {record.cluster_node_rank} · lowest → highest: class defaults < driver < node group "
-        "< component < rlinfra",
-    )
-    notes = ["class defaults (Worker.env_defaults) join at launch; driver values are this shell's"]
-    served = [spec.name for spec in secrets if not spec.expose_as_env]
-    if served:
-        notes.append("secrets served by self.secret() only: " + ", ".join(served))
-    columns = (Column("NAME", no_wrap=True), Column("VALUE", overflow="fold"), "SOURCE")
-    table = titled_table(title, "\n".join(notes), *columns, show_edge=False)
-    for name, value, source in env_rows(env, secrets):
-        hidden = value in (HIDDEN_SECRET, WITHHELD) or value in LAUNCH_TIME_ENV.values()
-        table.add_row(name, Text(value, style="dim" if hidden else ""), source)
-    return table
-
-
-def env_to_dict(
-    component: str, record: Placement, env: ResolvedEnv, secrets: Sequence[SecretSpec]
-) -> dict[str, Any]:
-    """``rlinfra plan --env NAME --json``: the same rows as the table, values of secrets omitted."""
-    return {
-        "component": component,
-        "rank": record.rank,
-        "node": record.cluster_node_rank,
-        "env": {name: {"value": value, "source": source} for name, value, source in env_rows(env, secrets)},
-    }

@@ -1,20 +1,16 @@
 """Environment layering: precedence, path-like merging, no mutation, credential refusal,
-``rlinfra plan --env`` (all pure), and one live check that a worker process gets the composition."""
+and one live check that a worker process gets the composition."""
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from typer.testing import CliRunner
 
 from rlinfra import Cluster, Worker
-from rlinfra.cli.main import app
 from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError, parse_cluster_config
 from rlinfra.placement.env_vars import EnvVars, looks_like_secret, parse_env_vars
 from rlinfra.runtime.env import (
@@ -203,73 +199,6 @@ def test_env_vars_is_a_read_only_mapping() -> None:
     assert isinstance(parsed, EnvVars) and dict(parsed) == {"A": "1", "B": "True"}
     with pytest.raises(TypeError):
         parsed["A"] = "2"  # type: ignore[index]
-
-
-# --- rlinfra plan --env ---------------------------------------------------------------------------
-
-PLAN_YAML = """\
-cluster:
-  num_nodes: 2
-  env_allowlist: [HF_HOME, "HF_*"]
-  secrets:
-    HF_TOKEN: {from_env: HF_TOKEN, expose_as_env: true}
-    WANDB_API_KEY: {from_file: /nonexistent/key}
-  component_placement:
-    actor:
-      placement: 0-1
-      env_vars: {LEVEL: component, PYTHONPATH: /comp}
-    rollout: {node_group: infer, placement: 0-1}
-  node_groups:
-    - label: infer
-      node_ranks: 1
-      env_configs: [{env_vars: {LEVEL: group}}]
-"""
-CLI_ENV = {
-    "COLUMNS": "200",
-    "NO_COLOR": "1",
-    "HF_TOKEN": "hf_PLAN_SECRET",
-    "HF_HOME": "/cache",
-    "PYTHONPATH": "/drv",
-}
-
-
-def plan_env(tmp_path: Path, *args: str):
-    path = tmp_path / "conf.yaml"
-    path.write_text(PLAN_YAML)
-    return CliRunner().invoke(app, ["plan", str(path), "--nodes", "2x2", *args], env=CLI_ENV)
-
-
-def test_plan_env_table_shows_values_and_sources(tmp_path: Path) -> None:
-    result = plan_env(tmp_path, "--env", "actor", "--rank", "1")
-    assert result.exit_code == 0, result.output
-    rows = {
-        line.split("│")[0].strip(): [cell.strip() for cell in line.split("│")[1:]]
-        for line in result.stdout.splitlines()
-        if "│" in line
-    }
-    assert rows["LEVEL"] == ["component", "component 'actor'"]
-    assert rows["PYTHONPATH"] == ["/comp:/drv", "component 'actor' + driver"]
-    assert rows["HF_HOME"] == ["/cache", "driver"]
-    assert rows["RANK"] == ["1", "rlinfra"] and rows["CUDA_VISIBLE_DEVICES"] == ["1", "rlinfra"]
-    assert rows["HF_TOKEN"][0] == "(secret: not shown)" and rows["HF_TOKEN"][1].startswith("secret (from_env")
-    assert "hf_PLAN_SECRET" not in result.output
-    assert "WANDB_API_KEY" in result.stdout  # named as served by self.secret(), file never read
-
-
-def test_plan_env_json(tmp_path: Path) -> None:
-    result = plan_env(tmp_path, "--env", "rollout", "--json")
-    assert result.exit_code == 0, result.output
-    env = json.loads(result.stdout)["env"]
-    assert env["LEVEL"] == {"value": "group", "source": "node group 'infer'"}
-    assert env["NODE_RANK"]["value"] == "1"
-    assert "hf_PLAN_SECRET" not in result.output
-
-
-def test_plan_env_unknown_component_or_rank(tmp_path: Path) -> None:
-    result = plan_env(tmp_path, "--env", "critic")
-    assert result.exit_code == 2 and "unknown component 'critic'" in result.stderr and result.stdout == ""
-    result = plan_env(tmp_path, "--env", "actor", "--rank", "5")
-    assert result.exit_code == 2 and "ranks 0-1" in result.stderr
 
 
 # --- in a live worker -----------------------------------------------------------------------------
