@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from omegaconf import OmegaConf
 from rich.console import Console
 
 from rlinfra.cli.options import argument, option, print_error, user_errors
+from rlinfra.cli.run import check_job
 from rlinfra.config import ConfigError
 from rlinfra.config.loading import load_cluster_config
 from rlinfra.placement import (
@@ -88,10 +90,14 @@ def plan(
     Resolves the config exactly as a launch would, but on a described cluster instead of a live
     one, so no Ray is needed. The layout is the job's one placement group: each component's bundles,
     what each process reserves and which components share devices. --json prints the plan for other
-    tools instead.
+    tools instead. A job's config (with run.entrypoint) is first checked as rlinfra run checks it
+    before Ray starts: the entrypoint imports, the job's keys, its components.
     """
     with user_errors(ConfigError) as errors:
-        cluster = parse_cluster_config(load_cluster_config(config, config_name).cluster)
+        loaded = load_cluster_config(config, config_name, also=("run",))
+        cluster = parse_cluster_config(loaded.cluster)
+        if config_name is None and OmegaConf.select(loaded, "run.entrypoint") is not None:
+            check_job(config, cluster)  # a job's config: what rlinfra run checks before Ray starts
         spec = ClusterSpec.from_config(cluster, accelerator_counts(cluster, nodes, errors))
         placement = ComponentPlacement({"cluster": cluster}, spec)
         layout = plan_job_layout(placement)

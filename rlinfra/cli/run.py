@@ -23,6 +23,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rlinfra.cli.options import argument, user_errors
 from rlinfra.config import ConfigError, parse_config
 from rlinfra.config.loading import load_config
+from rlinfra.driver.preflight import preflight
+from rlinfra.placement.config import ClusterConfig
 from rlinfra.views.config_view import config_table
 from rlinfra.views.tables import make_console
 
@@ -86,3 +88,13 @@ def resolve_entrypoint(text: Any, config: Path) -> Callable[..., int]:
     if not callable(function):
         raise ConfigError(f"{where}: {module_name!r} has no function {function_name!r}")
     return function
+
+
+def check_job(config: Path, cluster: ClusterConfig) -> None:
+    """For ``rlinfra plan`` of a job's config, what ``rlinfra run`` checks before Ray starts: the
+    entrypoint imports, the job's sections parse (keys, types, ranges), and its components are
+    the placed ones (``rlinfra.driver.preflight``)."""
+    cfg = load_config(config)
+    job = getattr(resolve_entrypoint(OmegaConf.select(cfg, "run.entrypoint"), config), "__self__", None)
+    if isinstance(job, type):  # a Job class: its config and components
+        preflight(job(cfg), cluster)

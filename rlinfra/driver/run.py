@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from rlinfra.config import JobConfigError, did_you_mean
+from rlinfra.config import JobConfigError
 from rlinfra.driver.checkpoints import CheckpointStore
 from rlinfra.driver.failure_report import FailureReport
 from rlinfra.driver.signals import CtrlC, sigint_ignored
 from rlinfra.driver.supervisor import Recovery, Supervisor, UnsupervisedLoss
-from rlinfra.placement import ClusterSpec, ComponentPlacement, PlacementError
+from rlinfra.placement import ClusterSpec, ComponentPlacement
 from rlinfra.placement.config import cluster_section, parse_cluster_config
 from rlinfra.runtime.cluster import Cluster
 from rlinfra.runtime.errors import WorkerGroupError
@@ -52,6 +52,7 @@ from rlinfra.runtime.timesharing import TimeSharing
 from rlinfra.services.weights import WeightReceiver
 
 from .outputs import RunOutputs
+from .preflight import preflight
 from .records import ContractError
 from .result import BUDGET, ENDED, FAILED, INTERRUPTED, SUMMARY_FILE, TARGET, RunResult
 from .steps import BatchStream, Step
@@ -86,12 +87,6 @@ class Run(TrainedGroups):
         if not hasattr(job, "settings") or not hasattr(job, "state"):
             raise ContractError(f"{type(job).__name__}.__init__ must call super().__init__(cfg) first")
         self.job, self.cfg, self.settings, self.state = job, cfg, job.settings, job.state
-        trainer, components = self.settings.trainer, job.components
-        if components and trainer not in components:
-            hint = did_you_mean(trainer, components)
-            problem = f"{trainer!r} is not a component of the {job.title} job" + (f"; {hint}" if hint else "")
-            expected = "one of " + ", ".join(map(repr, components))
-            raise JobConfigError(problem, where="run.trainer", expected=expected)
         self._preflight()
         self.console = console or Console()
         self.between_batches, self.on_iteration = between_batches, on_iteration
@@ -137,22 +132,14 @@ class Run(TrainedGroups):
         return str(summary["outcome"]) if ended and same else None
 
     def _preflight(self) -> None:
-        """What needs no cluster, checked before Ray starts: the components placed are the job's
-        (a misspelt one named, with the nearest of the job's), and where the accelerators are
-        known (``simulate``, ``num_gpus_per_node``) the placement and its memory plan, as
-        ``rlinfra plan`` checks them."""
+        """What needs no cluster, checked before Ray starts: the job's components (``preflight``)
+        and, where the accelerators are known (``simulate``, ``num_gpus_per_node``), the placement
+        and its memory plan, as ``rlinfra plan`` checks them."""
         if self.cfg.get("cluster") is None:
+            preflight(self.job, None)
             return  # refused by name where the run starts its cluster (a unit test drives none)
         config = parse_cluster_config(cluster_section(self.cfg))
-        placed = [name for entry in config.components for name in entry.names]
-        components = self.job.components or placed
-        unknown = [name for name in placed if name not in components]
-        strays = [*unknown, *(name for name in components if name not in placed)]
-        if strays:
-            kind, hint = ("unknown", did_you_mean(strays[0], components)) if unknown else ("missing", "")
-            problem = f"{kind} component {strays[0]!r}" + (f"; {hint}" if hint else "")
-            expected = f"the {self.job.title} job's components: " + ", ".join(components)
-            raise PlacementError(problem, where="cluster.component_placement", expected=expected)
+        preflight(self.job, config)
         counts = config.simulate or config.num_gpus_per_node
         if counts is not None:
             ComponentPlacement({"cluster": config}, ClusterSpec.from_config(config, counts))

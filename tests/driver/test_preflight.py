@@ -6,6 +6,7 @@ with Ray never started."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,28 @@ def test_mistakes_that_need_no_cluster_are_refused_before_ray_starts():
     assert "rollout" in too_far and "1-5" in too_far and "^" in too_far
     assert "node 0 device 0: phase 'all' needs" in overfull
     assert outcome["ray_started"] is False
+
+
+def test_rlinfra_plan_refuses_a_jobs_mistakes_with_the_message_run_gives(tmp_path: Path) -> None:
+    """``rlinfra plan`` of a job's config checks what ``rlinfra run`` checks before Ray starts:
+    its components, its sections' keys and its entrypoint, with the same messages."""
+    written = (ROOT / "examples/bandit/bandit.yaml").read_text()
+    mistakes = {
+        "component": (
+            written.replace("    rollout: {", "    rollouts: {"),
+            "cluster.component_placement: unknown component 'rollouts'; did you mean 'rollout'?",
+        ),
+        "key": (written.replace("  pulls: 64", "  pullz: 64"), "unknown key 'pullz'; did you mean 'pulls'?"),
+        "entrypoint": (written.replace("bandit.job:", "bandit.jobz:"), "cannot import 'examples.bandit.jobz"),
+    }
+    for name, (text, message) in mistakes.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        for command in ("plan", "run"):
+            done = subprocess.run(
+                [sys.executable, "-m", "rlinfra.cli.main", command, str(path)],
+                cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"},
+            )  # fmt: skip
+            assert done.returncode == 2, (command, done.stdout, done.stderr)
+            assert message in done.stderr and "Traceback" not in done.stderr, (command, done.stderr)
+            assert "Node × device map" not in done.stdout  # refused before anything was shown
