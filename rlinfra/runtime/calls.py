@@ -26,7 +26,7 @@ from ray.exceptions import ActorUnavailableError, OutOfMemoryError, RayActorErro
 from rlinfra.runtime.deadline import Deadline
 from rlinfra.runtime.errors import STUCK, RankFailure, WorkerGroupError
 from rlinfra.runtime.hosting import EXIT_NOTE
-from rlinfra.runtime.stacks import run_on_node
+from rlinfra.runtime.stacks import run_on_node, session_logs_dir
 from rlinfra.runtime.watchdog import StuckWatch
 
 if TYPE_CHECKING:
@@ -75,9 +75,7 @@ def rank_failure(rank: int, node_rank: int | None, error: BaseException) -> Rank
 def last_words(pid: int) -> str:
     """The end of process ``pid``'s stderr log (``worker-*-<pid>.err``) on this node: run as a
     task there. Ray's fatal-signal handler and ``os._exit`` (``hosting.EXIT_NOTE``) write there."""
-    context = ray.get_runtime_context()
-    logs = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
-    for path in glob.glob(os.path.join(logs, f"worker-*-{pid}.err")):
+    for path in glob.glob(os.path.join(session_logs_dir(), f"worker-*-{pid}.err")):
         with open(path, "rb") as log:
             log.seek(max(0, os.path.getsize(path) - 16384))
             return log.read().decode(errors="replace")

@@ -29,6 +29,7 @@ from rlinfra.runtime.discovery import RayNode, rank_nodes
 from rlinfra.runtime.embedded import EmbeddedRay
 from rlinfra.runtime.errors import ClusterError
 from rlinfra.runtime.ledger import resource_diff
+from rlinfra.runtime.stacks import session_logs_dir
 
 # Settings that shape a simulated cluster only.
 SIMULATED_ONLY = ("simulate_cpus", "simulate_object_store_mib", "simulate_resources", "simulate_labels")
@@ -136,8 +137,7 @@ class Cluster:
     def logs_dir(self) -> str:
         """Where Ray writes this session's logs on the head node, each worker's output among them
         (``worker-*-<pid>.out`` and ``.err``)."""
-        context = ray.get_runtime_context()
-        return os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+        return session_logs_dir()
 
     def require(self, **expected: float) -> None:
         """Raise ``ClusterError`` unless Ray's ledger matches ``expected`` (e.g. ``GPU=16``).

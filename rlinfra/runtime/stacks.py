@@ -30,6 +30,13 @@ def run_on_node(node_id: str, function: Callable[..., Any], *args: Any) -> ray.O
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(*args)
 
 
+def session_logs_dir() -> str:
+    """Where Ray writes this session's logs on the node this runs on, each worker's output among
+    them (``worker-*-<pid>.out`` and ``.err``)."""
+    context = ray.get_runtime_context()
+    return os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+
+
 def dump_on_node(pid: int) -> str | None:
     """``py-spy dump`` of ``pid``, run where it lives (py-spy next to this interpreter, a
     virtualenv's, else on PATH); None when py-spy is missing or cannot attach."""
