@@ -407,6 +407,6 @@ def _refuse_unsupported(raw: Mapping[str, Any], where: str) -> None:
     for keys, problem, expected in UNSUPPORTED_FEATURES:
         given = [key for key in keys if key in raw]
         if given and (given != ["auto_scheduler"] or raw["auto_scheduler"] is not False):
-            raise PlacementError(
-                f"{', '.join(given)}: {problem}", where=f"{where}.{given[0]}", expected=expected
-            )
+            # The key path names the first key; the others, if any, are named in the problem.
+            said = f"{', '.join(given)}: {problem}" if len(given) > 1 else problem
+            raise PlacementError(said, where=f"{where}.{given[0]}", expected=expected)
