@@ -61,11 +61,12 @@ class MetricsLog:
         """Something that happened (a worker replaced, the trainer restarted): a line with an
         ``event`` key in ``metrics.jsonl`` (``read_events``), and in TensorBoard a text entry and
         the running count ``events``. Rewinding keeps events: they did happen."""
-        self._file.write(json.dumps(_finite(event)) + "\n")
+        finite = _finite(event)
+        self._file.write(json.dumps(finite) + "\n")
         self._file.flush()
         self._events += 1
         if self.wandb is not None:
-            self.wandb.log(_finite(event))
+            self.wandb.log(finite)
         if self._board is not None:
             step = int(event.get(STEP) or 0)
             self._board.add_text("events", json.dumps(dict(event)), global_step=step)
