@@ -286,7 +286,9 @@ class VLLMEngine(EngineReceiver, TimeShared):
         from vllm import SamplingParams
 
         temperature = 0.0 if greedy else temperature
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed)
+        params = SamplingParams(
+            n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed, detokenize=False
+        )
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         with self.engine_lock, self.serving() as weights:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -18,9 +18,10 @@ the same loader from the same payload, into zeroed memory of the parameters' sha
 so a GPU holds no second copy): a parameter the load missed or left stale, a rank that loaded
 another version or nothing, and padding that is not zero all differ from it. The payload itself
 is the trainer's bytes: the engine hashed every bucket as it landed, and verify compares those
-hashes with the sender's checksums before it asks for this check. Digests are vLLM's own
-(``compute_tensor_digests``, what its ``compute_weight_checksums`` returns: a sha256 per
-parameter of this rank).
+hashes with the sender's checksums before it asks for this check. The shard is compared with it
+byte for byte, parameter by parameter (what vLLM's ``compute_weight_checksums`` would hash:
+each parameter's bytes, on the host), which is exact where equal digests are only likely, and
+reads each copy once instead of hashing both.
 
 On CPU, vLLM 0.32 hands linear weights to oneDNN and leaves empty parameters unless
 ``_supports_onednn`` is off before the model loads, in every worker process: importing this
@@ -40,7 +41,6 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
 
 from rlinfra.engines.vllm import WEIGHT_BACKEND, Payload
 
@@ -115,17 +115,23 @@ class WeightLoading:
         """Compare every parameter of this rank with ``payload`` loaded afresh (module docstring)."""
         transfer: SharedMemoryTransfer = self.weight_transfer_engine  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        served = compute_tensor_digests(model)
-        parameters = list(model.parameters())
-        held = [parameter.data for parameter in parameters]
+        named = list(model.named_parameters())
+        served = [parameter.data for _, parameter in named]
         try:
-            for parameter in parameters:
+            for _, parameter in named:
                 parameter.data = torch.zeros(parameter.shape, dtype=parameter.dtype, device="cpu")
             with torch.no_grad():
                 model.load_weights(weights=transfer.tensors(payload))
-            expected = compute_tensor_digests(model)
+            expected = [parameter.data for _, parameter in named]
         finally:
-            for parameter, data in zip(parameters, held, strict=True):
+            for (_, parameter), data in zip(named, served, strict=True):
                 parameter.data = data
-        differing = tuple(sorted(name for name, digest in served.items() if expected.get(name) != digest))
+        pairs = zip(named, served, expected, strict=True)
+        differing = tuple(sorted(name for (name, _), now, fresh in pairs if not _same_bytes(now, fresh)))
         return ShardCheck(get_tensor_model_parallel_rank(), transfer.version, differing)
+
+
+def _same_bytes(served: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Bit for bit (NaNs and signed zeros included), wherever ``served`` lives."""
+    as_bytes = [t.detach().cpu().contiguous().view(-1).view(torch.uint8) for t in (served, expected)]
+    return torch.equal(*as_bytes)
