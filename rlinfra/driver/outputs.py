@@ -29,14 +29,15 @@ CURVE_FILE = "curve.png"
 
 class RunOutputs:
     """The console, the progress bar and the files of the run whose ``result`` it keeps (its job,
-    its output folder); ``resume_at``: the iteration the metrics continue from (None: a fresh run)."""
+    its output folder); ``resume_at``: the iteration the metrics continue from (None: a fresh run);
+    ``runs``: whether the run will run at all (a resumed run that has ended opens no W&B run)."""
 
-    def __init__(self, console: Console, result: RunResult, resume_at: int | None) -> None:
+    def __init__(self, console: Console, result: RunResult, resume_at: int | None, runs: bool = True) -> None:
         self.console, self.result, self.output = console, result, result.output_dir
         job = self.job = result.job
         self.layout: Layout | None = None  # once reserved (``plan``)
         self.log = MetricsLog(self.output, resume_at, tensorboard=job.settings.tensorboard)
-        if job.settings.wandb is not None:  # before Ray starts: refused here if it cannot log
+        if job.settings.wandb is not None and runs:  # before Ray starts: refused here if it cannot log
             config, resuming = job.config.model_dump(mode="json"), resume_at is not None
             self.log.wandb = wandb_run(self.output, job.settings.wandb, config, resuming)
         self.bar = Progress(

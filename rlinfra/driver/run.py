@@ -105,7 +105,9 @@ class Run(TrainedGroups):
             self.ended = self._ended_with_this_config(saved.step)
         self.result = RunResult(job, self.output, resumed_from=self.state.iteration)
         # Iterations logged after the checkpoint are redone: the log continues from it.
-        self.out = RunOutputs(self.console, self.result, self.state.iteration if resume else None)
+        self.out = RunOutputs(
+            self.console, self.result, self.state.iteration if resume else None, not self.ended
+        )
         self._given_cluster = cluster
         self.cluster: Cluster = cluster  # type: ignore[assignment]  # set in execute before any use
         self.layout: Layout | None = None

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from vllm import _custom_ops
 from vllm.distributed import get_tensor_model_parallel_rank
@@ -132,6 +133,7 @@ class WeightLoading:
 
 
 def _same_bytes(served: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Bit for bit (NaNs and signed zeros included), wherever ``served`` lives."""
-    as_bytes = [t.detach().cpu().contiguous().view(-1).view(torch.uint8) for t in (served, expected)]
-    return torch.equal(*as_bytes)
+    """Bit for bit (NaNs and signed zeros included), wherever ``served`` lives; by numpy, in one
+    thread (torch's threads would contend with the other TP ranks' on the same cores)."""
+    as_bytes = [t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy() for t in (served, expected)]
+    return bool(np.array_equal(*as_bytes))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import builtins  # the classes here define a method named list
 import contextlib
+import heapq
 import itertools
 import logging
 import threading
@@ -67,6 +68,7 @@ class NamingStore:
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[Any, int, float | None]] = {}  # value, version, expires at
+        self._expiries: list[tuple[float, str]] = []  # a heap; an entry whose key moved on is skipped
         # Versions start at the wall clock (µs): a restarted store continues above its previous
         # incarnation, so a watcher's old since_version gets a snapshot, never a silent gap.
         self._version = time.time_ns() // 1000
@@ -80,8 +82,16 @@ class NamingStore:
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap())
         now = time.monotonic()
-        for key in [key for key, (_, _, end) in self._entries.items() if end is not None and end <= now]:
-            self._remove(key, "expire")
+        while self._expiries and self._expiries[0][0] <= now:
+            end, key = heapq.heappop(self._expiries)
+            if self._entries.get(key, (None, None, None))[2] == end:
+                self._remove(key, "expire")
+
+    def _set(self, key: str, value: Any, version: int, ttl_s: float | None) -> None:
+        end = None if ttl_s is None else time.monotonic() + ttl_s
+        self._entries[key] = (value, version, end)
+        if end is not None:
+            heapq.heappush(self._expiries, (end, key))
 
     async def _reap(self) -> None:
         while True:
@@ -103,7 +113,7 @@ class NamingStore:
     async def put(self, key: str, value: Any, ttl_s: float | None) -> int:
         self._due()
         self._version += 1
-        self._entries[key] = (value, self._version, None if ttl_s is None else time.monotonic() + ttl_s)
+        self._set(key, value, self._version, ttl_s)
         self._record(Change(key, "put", value, self._version))
         return self._version
 
@@ -132,7 +142,7 @@ class NamingStore:
             return "put"
         if entry[0] != value:
             return "taken"
-        self._entries[key] = (value, entry[1], time.monotonic() + ttl_s)
+        self._set(key, value, entry[1], ttl_s)
         return "kept"
 
     async def watch(

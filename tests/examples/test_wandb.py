@@ -103,6 +103,10 @@ def test_an_offline_run_holds_the_config_placement_records_recoveries_and_summar
     assert resumed["run_id"] == first["run_id"] and resumed["state"] == "finished"
     assert [row["iteration"] for row in rows] == [6, 7] and rows == read_metrics(tmp_path)[5:]
     assert resumed["summary"]["iterations"] == 7 and resumed["summary"]["outcome"] == "budget"
+    again = Bandit.run(
+        bandit(tmp_path, "algo.target=2.0", "algo.iterations=7", *OFFLINE), cluster=cluster, resume=True
+    )
+    assert again.outcome == "ended" and len(wandb_runs(tmp_path)) == 2  # nothing ran: no W&B run opened
     assert_resources_released()
 
 
