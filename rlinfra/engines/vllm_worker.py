@@ -135,5 +135,5 @@ class WeightLoading:
 def _same_bytes(served: torch.Tensor, expected: torch.Tensor) -> bool:
     """Bit for bit (NaNs and signed zeros included), wherever ``served`` lives; by numpy, in one
     thread (torch's threads would contend with the other TP ranks' on the same cores)."""
-    now, fresh = (t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy() for t in (served, expected))
-    return bool(np.array_equal(now, fresh))
+    now, fresh = (t.detach().cpu().contiguous().view(-1).view(torch.uint8) for t in (served, expected))
+    return bool(np.array_equal(now.numpy(), fresh.numpy()))
