@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,10 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str, mode: 
         batch = RolloutCollector(envs, policy, config).collect(learner.weight_version)
         learner.update(batch)
         torch.save({"before": before, "after": policy.export_weights()}, Path(out_dir) / f"rank{rank}.pt")
+        # The DDP learner torn down before its process group, not after it with the function's
+        # locals: the GRPO learner's test hung that way, and gloo aborted in this one now and then.
+        del learner
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
